@@ -1,0 +1,105 @@
+"""Metadata reads straight from a Delta table's transaction log, with no Spark job.
+
+A refresh that finds nothing new must cost milliseconds, so "what is the latest version of this source" and
+"which frontier does this stream table's last commit record" are answered by listing and reading the
+``_delta_log`` JSON files through Hadoop's FileSystem (any storage Spark can reach), never by a query.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+TRICKLE_KEY = "trickle"
+
+
+def _local(path: str) -> str | None:
+    if path.startswith("file:"):
+        return path[len("file:"):].replace("///", "/", 1) if path.startswith("file:///") else path[5:]
+    return path if "://" not in path else None
+
+
+class DeltaLog:
+    """Reads one table's log. Local paths use the OS directly; others go through Hadoop's FileSystem."""
+
+    def __init__(self, spark: Any, path: str) -> None:
+        self.spark = spark
+        self.path = path
+        self.log_dir = path.rstrip("/") + "/_delta_log"
+
+    def _list(self) -> list[str]:
+        local = _local(self.log_dir)
+        if local is not None:
+            try:
+                return os.listdir(local)
+            except FileNotFoundError:
+                return []
+        jvm = self.spark._jvm
+        hpath = jvm.org.apache.hadoop.fs.Path(self.log_dir)
+        fs = hpath.getFileSystem(self.spark._jsc.hadoopConfiguration())
+        if not fs.exists(hpath):
+            return []
+        return [s.getPath().getName() for s in fs.listStatus(hpath)]
+
+    def _read(self, name: str) -> str | None:
+        local = _local(self.log_dir)
+        if local is not None:
+            try:
+                with open(os.path.join(local, name), encoding="utf-8") as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+        jvm = self.spark._jvm
+        hpath = jvm.org.apache.hadoop.fs.Path(self.log_dir + "/" + name)
+        fs = hpath.getFileSystem(self.spark._jsc.hadoopConfiguration())
+        if not fs.exists(hpath):
+            return None
+        stream = fs.open(hpath)
+        try:
+            return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+
+    def versions(self) -> list[int]:
+        return sorted(int(m.group(1)) for n in self._list() if (m := _COMMIT.match(n)))
+
+    def latest_version(self) -> int | None:
+        """The newest committed version, or None when the path holds no Delta table."""
+        vs = self.versions()
+        if vs:
+            return vs[-1]
+        # a log that was checkpointed and cleaned up may keep only checkpoint files
+        cp = self._read("_last_checkpoint")
+        return int(json.loads(cp)["version"]) if cp else None
+
+    def actions(self, version: int) -> list[dict[str, Any]]:
+        text = self._read(f"{version:020d}.json")
+        return [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+
+    def commit_info(self, version: int) -> dict[str, Any]:
+        for a in self.actions(version):
+            if "commitInfo" in a:
+                return a["commitInfo"]
+        return {}
+
+    def trickle_metadata(self, version: int) -> dict[str, Any] | None:
+        """The refresh record spark-trickle wrote into this commit's ``userMetadata``, if any."""
+        meta = self.commit_info(version).get("userMetadata")
+        if not meta:
+            return None
+        try:
+            doc = json.loads(meta)
+        except ValueError:
+            return None
+        return doc.get(TRICKLE_KEY) if isinstance(doc, dict) else None
+
+    def last_trickle_commit(self) -> tuple[int, dict[str, Any]] | None:
+        """The newest commit carrying a refresh record: the frontier the table's contents reflect."""
+        for v in reversed(self.versions()):
+            meta = self.trickle_metadata(v)
+            if meta is not None:
+                return v, meta
+        return None

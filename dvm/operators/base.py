@@ -1,0 +1,71 @@
+"""The operator contract.
+
+Every node of the logical tree produces a relation with uniquely named internal columns (``cols``). It can
+render two things as Spark SQL:
+
+* ``snapshot(ctx, state)`` — its full output (a bag) over the sources at the pre or post frontier;
+* ``delta(ctx)`` — its change between the two frontiers as a Z-set: the same columns plus ``__w``, the
+  signed multiplicity (+n rows appear, -n rows disappear). ``None`` means "provably no change": none of the
+  node's sources moved, which lets parents drop whole branches of their delta rule.
+
+Internal column names are unique across the whole tree, so SQL can reference them unqualified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from dvm.context import Context, State, quote
+
+W = "__w"
+
+
+class Node:
+    cols: list[str]
+    children: list[Node]
+
+    def snapshot(self, ctx: Context, state: State) -> str:
+        raise NotImplementedError
+
+    def delta(self, ctx: Context) -> str | None:
+        raise NotImplementedError
+
+    def label(self) -> str:
+        """One line for ``explain``: the operator and its parameters."""
+        raise NotImplementedError
+
+    def strategy(self) -> str:
+        """How the delta is computed, for ``explain`` (e.g. 'incremental', 'group rescan')."""
+        return "incremental"
+
+    def sources(self) -> set[str]:
+        out: set[str] = set()
+        for c in self.children:
+            out |= c.sources()
+        return out
+
+    def changed(self, ctx: Context) -> bool:
+        return any(ctx.changed(s) for s in self.sources())
+
+    def walk(self) -> Iterator[Node]:
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+
+def col_list(cols: list[str], prefix: str = "") -> str:
+    return ", ".join(prefix + quote(c) for c in cols) if cols else ""
+
+
+def null_safe_match(left: str, right: str, pairs: list[tuple[str, str]]) -> str:
+    """Equality of tuples where NULL matches NULL: the identity of a row or group, not SQL's '='."""
+    if not pairs:
+        return "TRUE"
+    return " AND ".join(f"{left}.{quote(a)} <=> {right}.{quote(b)}" for a, b in pairs)
+
+
+def union_all(parts: list[str]) -> str | None:
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    return "\nUNION ALL\n".join(f"SELECT * FROM ({p})" for p in parts) if len(parts) > 1 else parts[0]

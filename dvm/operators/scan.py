@@ -1,0 +1,64 @@
+"""Scan: a source table.
+
+Delta rule: ΔScan = the Change Data Feed of the window, netted per tuple. ``insert`` and
+``update_postimage`` rows weigh +1, ``delete`` and ``update_preimage`` rows -1 (times the stored
+multiplicity when the source is a stream table kept as distinct tuples with a count). Consolidating on the
+*used* columns only makes an update that touches no column the query reads vanish right here, and collapses
+update chains inside one window into -first +last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dvm.context import Context, State, quote
+from dvm.operators.base import W, Node, col_list
+
+
+@dataclass(eq=False)
+class Scan(Node):
+    source: str
+    #: (source column, internal name); empty when the query reads no column (e.g. COUNT(*))
+    columns: list[tuple[str, str]]
+    #: internal name of the constant column emitted when ``columns`` is empty
+    placeholder: str
+
+    def __post_init__(self) -> None:
+        self.children = []
+        self.cols = [i for _, i in self.columns] or [self.placeholder]
+
+    def sources(self) -> set[str]:
+        return {self.source}
+
+    def _select_list(self) -> str:
+        if not self.columns:
+            return f"1 AS {quote(self.placeholder)}"
+        return ", ".join(f"{quote(s)} AS {quote(i)}" for s, i in self.columns)
+
+    def snapshot(self, ctx: Context, state: State) -> str:
+        mult = ctx.mult_col(self.source)
+        table = ctx.table(self.source, state)
+        if mult is None:
+            return f"SELECT {self._select_list()} FROM {table}"
+        # a stream table stored as distinct tuples with a count: expand back into a bag
+        return (
+            f"SELECT {self._select_list()} FROM {table} "
+            f"LATERAL VIEW explode(sequence(1, {quote(mult)})) __mx AS __mi"
+        )
+
+    def delta(self, ctx: Context) -> str | None:
+        if not ctx.changed(self.source):
+            return None
+        mult = ctx.mult_col(self.source)
+        sign = "CASE WHEN _change_type IN ('insert', 'update_postimage') THEN 1 ELSE -1 END"
+        weight = f"{sign} * {quote(mult)}" if mult else sign
+        cols = col_list(self.cols)
+        return (
+            f"SELECT {cols}, SUM({W}) AS {W} FROM ("
+            f"SELECT {self._select_list()}, CAST({weight} AS BIGINT) AS {W} FROM {ctx.changes(self.source)}"
+            f") GROUP BY {cols} HAVING SUM({W}) <> 0"
+        )
+
+    def label(self) -> str:
+        used = ", ".join(s for s, _ in self.columns) or "-"
+        return f"Scan {self.source} [{used}]"

@@ -1,0 +1,172 @@
+"""The durable catalog: stream table definitions and refresh history, as small JSON files.
+
+Layout under the catalog root (default ``<warehouse>/_trickle``)::
+
+    stream_tables/<name>.json        one definition per stream table (atomic replace on every change)
+    history/<name>/<ts>-<id>.json    one record per refresh, newest sorts last
+    tables/<name>/                   the stream table itself (a Delta table)
+    checkpoints/<name>/              Structured Streaming checkpoints of IMMEDIATE stream tables
+
+Why files and not Delta tables: every process (the long-running job, a CLI call) reads and writes them
+without a metastore, without a Spark job and without commit conflicts, and a NO_DATA refresh stays a
+few file reads. They are still queryable with Spark SQL (``StreamTables.register_catalog_views``). The
+source of truth for what a stream table contains is its own Delta log; the catalog may lag one refresh
+behind after a crash and is repaired from the log (see :mod:`pipeline.refresh`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import CatalogError
+
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MODES = ("AUTO", "DIFFERENTIAL", "FULL", "IMMEDIATE")
+STATUSES = ("ACTIVE", "SUSPENDED", "ERROR")
+
+
+@dataclass
+class SourceInfo:
+    path: str
+    kind: str  # "delta" (a base table) or "stream_table"
+    mult_col: str | None = None
+
+
+@dataclass
+class StreamTableDef:
+    name: str
+    query: str
+    schedule: str | None
+    refresh_mode: str
+    path: str
+    sources: dict[str, SourceInfo]
+    names: list[str]
+    types: list[str]
+    layout: str  # keyed | bag
+    full_reason: str | None = None  # set when the query cannot be differentiated (AUTO → FULL)
+    dialect: str = "spark"
+    status: str = "ACTIVE"
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    consecutive_errors: int = 0
+    last_error: str | None = None
+    frontier: dict[str, int] | None = None
+    last_refresh_id: str | None = None
+    last_refresh_at: float | None = None
+    last_action: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> StreamTableDef:
+        doc = json.loads(text)
+        doc["sources"] = {k: SourceInfo(**v) for k, v in doc["sources"].items()}
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in doc.items() if k in known})
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class Catalog:
+    """File-backed catalog rooted at a local directory (the embedded default)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        (self.root / "stream_tables").mkdir(parents=True, exist_ok=True)
+        (self.root / "history").mkdir(parents=True, exist_ok=True)
+
+    def table_path(self, name: str) -> str:
+        return str(self.root / "tables" / name.lower())
+
+    def checkpoint_path(self, name: str) -> str:
+        return str(self.root / "checkpoints" / name.lower())
+
+    def _def_file(self, name: str) -> Path:
+        return self.root / "stream_tables" / f"{name.lower()}.json"
+
+    # --- definitions ---
+
+    def names(self) -> list[str]:
+        return sorted(p.stem for p in (self.root / "stream_tables").glob("*.json"))
+
+    def exists(self, name: str) -> bool:
+        return self._def_file(name).exists()
+
+    def get(self, name: str) -> StreamTableDef:
+        f = self._def_file(name)
+        try:
+            return StreamTableDef.from_json(f.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise CatalogError(f"stream table {name!r} does not exist") from None
+
+    def all(self) -> list[StreamTableDef]:
+        out = []
+        for n in self.names():
+            try:
+                out.append(self.get(n))
+            except CatalogError:  # dropped meanwhile by another process
+                continue
+        return out
+
+    def put(self, d: StreamTableDef) -> None:
+        d.updated_at = time.time()
+        _write_atomic(self._def_file(d.name), d.to_json())
+
+    def delete(self, name: str) -> None:
+        self._def_file(name).unlink(missing_ok=True)
+
+    def dependents(self, name: str) -> list[str]:
+        """Stream tables that read ``name`` directly."""
+        key = name.lower()
+        return [d.name for d in self.all() if key in d.sources]
+
+    # --- history ---
+
+    def append_history(self, name: str, record: dict[str, Any]) -> None:
+        ts = f"{record.get('started_at', time.time()):017.6f}".replace(".", "")
+        _write_atomic(self.root / "history" / name.lower() / f"{ts}-{record['refresh_id']}.json",
+                      json.dumps(record, sort_keys=True))
+
+    def history(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
+        d = self.root / "history" / name.lower()
+        if not d.is_dir():
+            return []
+        files = sorted(d.glob("*.json"), reverse=True)[:limit]
+        return [json.loads(f.read_text(encoding="utf-8")) for f in files]
+
+    def has_history(self, name: str, refresh_id: str) -> bool:
+        d = self.root / "history" / name.lower()
+        return any(d.glob(f"*-{refresh_id}.json")) if d.is_dir() else False
+
+    def drop_history(self, name: str) -> None:
+        d = self.root / "history" / name.lower()
+        if d.is_dir():
+            for f in d.glob("*.json"):
+                f.unlink()
+            d.rmdir()
+
+
+def validate_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise CatalogError(f"invalid stream table name {name!r}: use letters, digits and underscores")
+    return name.lower()
+
+
+def validate_mode(mode: str) -> str:
+    m = str(mode).upper()
+    if m not in MODES:
+        raise CatalogError(f"invalid refresh_mode {mode!r}: expected one of {', '.join(MODES)}")
+    return m

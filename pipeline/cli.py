@@ -1,0 +1,637 @@
+"""The ``trickle`` command line: the public API (:class:`pipeline.StreamTables`) from a shell.
+
+Every subcommand maps to one API call so that what works in Python works from a shell script or a cron
+job, and the long-running job (``trickle run CONF``) is the same code path users test interactively.
+Starting Spark takes seconds, so pyspark and the API are imported only inside the commands: ``trickle
+--help`` and argument errors stay instant.
+
+Errors the product raises on purpose (:class:`pipeline.errors.TrickleError`: bad SQL, unknown table,
+invalid conf...) are printed as ``error: <message>`` and exit with status 2, without a traceback, because
+the message already says what to do. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import ConfigError, TrickleError
+
+if TYPE_CHECKING:  # only for type hints; importing these at runtime would start nothing but costs time
+    from pyspark.sql import SparkSession
+
+    from pipeline.api import StreamTables
+    from pipeline.conf import TrickleConf
+
+__all__ = ["main", "build_parser", "format_table", "resolve_warehouse", "register_warehouse_tables"]
+
+EXIT_OK = 0
+EXIT_ERROR = 2
+
+MODES = ("AUTO", "DIFFERENTIAL", "FULL", "IMMEDIATE")
+STATUSES = ("ACTIVE", "SUSPENDED")
+
+#: Columns shown by ``trickle status`` / ``trickle history`` in plain-text mode, in this order, when the
+#: API returns them. ``--json`` prints every key instead.
+STATUS_COLUMNS = (
+    "name",
+    "status",
+    "refresh_mode",
+    "schedule",
+    "last_action",
+    "last_refresh_at",
+    "frontier",
+    "consecutive_errors",
+    "full_reason",
+)
+HISTORY_COLUMNS = (
+    "started_at",
+    "status",
+    "action",
+    "reason",
+    "rows_inserted",
+    "rows_deleted",
+    "rows_updated",
+    "duration_ms",
+    "error",
+)
+
+
+# --------------------------------------------------------------------------------------------- parser
+
+
+def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """Add the options every subcommand understands.
+
+    They are added both to the main parser and to each subparser so that ``trickle --warehouse W status``
+    and ``trickle status --warehouse W`` both work. Subparsers use ``SUPPRESS`` defaults so that an
+    option given before the subcommand is not overwritten by the subparser's default.
+    """
+    default: Any = argparse.SUPPRESS if suppress else None
+    parser.add_argument(
+        "--warehouse",
+        metavar="DIR",
+        default=default,
+        help="warehouse root (default: the conf file's warehouse, else $TRICKLE_WAREHOUSE, else ./warehouse)",
+    )
+    parser.add_argument(
+        "--conf",
+        metavar="CONF.yaml",
+        default=default,
+        help="conf file: Spark settings and warehouse (and stream tables for 'run')",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=default if suppress else False,
+        help="print machine-readable JSON instead of text tables",
+    )
+    parser.add_argument(
+        "--log-level",
+        metavar="LEVEL",
+        default=default if suppress else "ERROR",
+        help="Spark log level (default ERROR)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree; kept separate from :func:`main` so tests and docs can introspect it."""
+    parser = argparse.ArgumentParser(
+        prog="trickle",
+        description="Stream tables for Apache Spark: SQL-defined Delta tables kept fresh incrementally.",
+    )
+    _global_options(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _global_options(p, suppress=True)
+        return p
+
+    p = add("create", "create a stream table from a SQL query")
+    p.add_argument("name")
+    q = p.add_mutually_exclusive_group(required=True)
+    q.add_argument("--query", metavar="SQL", help="the defining query (Spark SQL)")
+    q.add_argument("--query-file", metavar="FILE", help="read the defining query from FILE ('-' = stdin)")
+    p.add_argument("--schedule", help="refresh interval such as 30s, 5m, 1h30m (API default: 1m)")
+    p.add_argument("--mode", type=str.upper, choices=MODES, help="refresh mode (API default: AUTO)")
+    p.add_argument(
+        "--no-initialize",
+        action="store_true",
+        help="register only; the first refresh populates the table",
+    )
+
+    p = add("alter", "change a stream table's schedule, refresh mode or status")
+    p.add_argument("name")
+    p.add_argument("--schedule")
+    p.add_argument("--mode", type=str.upper, choices=MODES)
+    p.add_argument("--status", type=str.upper, choices=STATUSES)
+
+    p = add("drop", "drop a stream table (fails if other stream tables read it)")
+    p.add_argument("name")
+
+    p = add("refresh", "refresh a stream table now (its stale upstream stream tables first)")
+    p.add_argument("name")
+
+    add("status", "list stream tables with their status, mode, schedule and frontier")
+
+    p = add("history", "show a stream table's refresh history, newest first")
+    p.add_argument("name")
+    p.add_argument("--limit", type=int, default=20, help="number of refreshes to show (default 20)")
+
+    p = add("explain", "show the operator tree and delta SQL of a stream table or a query")
+    p.add_argument("name", help="stream table name, or a SQL query")
+
+    p = add("run", "run the pipeline of a conf file until SIGINT/SIGTERM")
+    p.add_argument("run_conf", metavar="CONF.yaml")
+
+    add("demo", "run the org-chart tutorial on a local warehouse (no servers needed)")
+    return parser
+
+
+# ------------------------------------------------------------------------------------------- entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``trickle`` command and return its exit status (0 ok, 2 error).
+
+    Argument errors exit through argparse (status 2 with a usage line), like every other CLI.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except TrickleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    conf_path = args.run_conf if args.command == "run" else args.conf
+    conf = _load_conf(conf_path) if conf_path else None
+    warehouse = resolve_warehouse(args.warehouse, conf)
+
+    if args.command == "demo":
+        from pipeline.demo import run_demo
+
+        run_demo(str(warehouse), spark_conf=conf.spark if conf else None, log_level=args.log_level)
+        return EXIT_OK
+
+    handlers: dict[str, Callable[[argparse.Namespace, StreamTables, TrickleConf | None], int]] = {
+        "create": _cmd_create,
+        "alter": _cmd_alter,
+        "drop": _cmd_drop,
+        "refresh": _cmd_refresh,
+        "status": _cmd_status,
+        "history": _cmd_history,
+        "explain": _cmd_explain,
+        "run": _cmd_run,
+    }
+    handler = handlers[args.command]
+    # Validate everything that needs no Spark before paying for its start-up.
+    if args.command == "alter" and args.schedule is None and args.mode is None and args.status is None:
+        raise TrickleError("alter: give at least one of --schedule, --mode, --status")
+    if args.command == "create":
+        args.query_text = _read_query(args)
+    if args.command == "run":
+        assert conf is not None
+        args.intervals = _run_intervals(conf)
+
+    spark, st = _open(
+        warehouse,
+        conf,
+        app_name=f"trickle-{args.command}",
+        log_level=args.log_level,
+        register_sources=args.command in ("create", "explain", "run"),
+    )
+    try:
+        return handler(args, st, conf)
+    finally:
+        _quiet_stop(spark)
+
+
+def resolve_warehouse(cli_value: str | None, conf: TrickleConf | None) -> Path:
+    """Warehouse precedence: ``--warehouse``, then the conf file, then ``$TRICKLE_WAREHOUSE``, then ./warehouse."""
+    if cli_value:
+        return Path(cli_value).expanduser().resolve()
+    if conf is not None and conf.warehouse is not None:
+        return conf.warehouse
+    return Path(os.environ.get("TRICKLE_WAREHOUSE") or "warehouse").expanduser().resolve()
+
+
+def _load_conf(path: str) -> TrickleConf:
+    from pipeline.conf import load_conf
+
+    return load_conf(path)
+
+
+def _open(
+    warehouse: Path, conf: TrickleConf | None, app_name: str, log_level: str, register_sources: bool
+) -> tuple[SparkSession, StreamTables]:
+    """Start Spark (the slow part) and open the catalog rooted under the warehouse.
+
+    ``register_sources``: also make the warehouse's plain Delta tables resolvable by name (needed by
+    commands that analyse a query: create, explain, run).
+    """
+    from pipeline.api import StreamTables
+    from pipeline.session import spark_session
+
+    spark = spark_session(
+        app_name=app_name, warehouse=warehouse, conf=conf.spark if conf else None, log_level=log_level
+    )
+    st = StreamTables(spark)
+    if register_sources:
+        register_warehouse_tables(spark, warehouse)
+    return spark, st
+
+
+def register_warehouse_tables(spark: SparkSession, warehouse: Path) -> list[str]:
+    """Make the Delta tables stored directly under the warehouse resolvable by name in this session.
+
+    The embedded default has no metastore: ``CREATE TABLE orders ... USING delta`` in one process (for
+    example ``trickle demo``) leaves a folder ``<warehouse>/orders``, but the next process's session
+    catalog starts empty, so a defining query that says ``FROM orders`` would not resolve. Each such
+    folder is registered under its own name unless the name is already taken (stream tables are
+    registered by :class:`StreamTables` and live under ``_trickle``). Returns the names registered.
+    """
+    import re
+
+    registered: list[str] = []
+    if not warehouse.is_dir():
+        return registered
+    for folder in sorted(warehouse.iterdir()):
+        name = folder.name
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) or not (folder / "_delta_log").is_dir():
+            continue
+        if spark.catalog.tableExists(name):
+            continue
+        location = folder.resolve().as_posix().replace("\\", "\\\\").replace("'", "\\'")
+        spark.sql(f"CREATE TABLE IF NOT EXISTS `{name}` USING delta LOCATION '{location}'")
+        registered.append(name)
+    return registered
+
+
+def _quiet_stop(spark: SparkSession) -> None:
+    """Stop Spark so the JVM exits promptly; a failure here must not hide the command's own result."""
+    try:
+        spark.stop()
+    except Exception:  # noqa: BLE001 - shutting down; nothing useful to report
+        pass
+
+
+# -------------------------------------------------------------------------------------------- commands
+
+
+def _read_query(args: argparse.Namespace) -> str:
+    if args.query is not None:
+        text = args.query
+    elif args.query_file == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(args.query_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise TrickleError(
+                f"cannot read --query-file {args.query_file!r}: {exc.strerror or exc}"
+            ) from exc
+    if not text.strip():
+        raise TrickleError("the defining query is empty")
+    return text.strip()
+
+
+def _cmd_create(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    kwargs: dict[str, Any] = {"initialize": not args.no_initialize}
+    if args.schedule is not None:
+        kwargs["schedule"] = args.schedule
+    if args.mode is not None:
+        kwargs["refresh_mode"] = args.mode
+    st.create_stream_table(args.name, args.query_text, **kwargs)
+    row = _status_of(st, args.name)
+    if args.json:
+        _print_json(row if row is not None else {"name": args.name})
+    else:
+        extra = f" ({row.get('refresh_mode')}, schedule {row.get('schedule')})" if row else ""
+        print(f"created stream table {args.name}{extra}")
+    return EXIT_OK
+
+
+def _cmd_alter(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    st.alter_stream_table(args.name, schedule=args.schedule, refresh_mode=args.mode, status=args.status)
+    row = _status_of(st, args.name)
+    if args.json:
+        _print_json(row if row is not None else {"name": args.name})
+    else:
+        print(f"altered stream table {args.name}")
+        if row is not None:
+            print(format_table([row], STATUS_COLUMNS))
+    return EXIT_OK
+
+
+def _cmd_drop(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    st.drop_stream_table(args.name)
+    if args.json:
+        _print_json({"name": args.name, "dropped": True})
+    else:
+        print(f"dropped stream table {args.name}")
+    return EXIT_OK
+
+
+def _cmd_refresh(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    result = st.refresh_stream_table(args.name)
+    if args.json:
+        _print_json(result)
+    else:
+        print(describe_refresh(result))
+    return EXIT_OK
+
+
+def _cmd_status(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    rows = st.status()
+    if args.json:
+        _print_json(rows)
+    elif not rows:
+        print("no stream tables")
+    else:
+        print(format_table(rows, STATUS_COLUMNS))
+    return EXIT_OK
+
+
+def _cmd_history(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    rows = st.history(args.name, limit=args.limit)
+    if args.json:
+        _print_json(rows)
+    elif not rows:
+        print(f"no refreshes recorded for {args.name}")
+    else:
+        print(format_table(rows, HISTORY_COLUMNS))
+    return EXIT_OK
+
+
+def _cmd_explain(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    text = st.explain(args.name)
+    if args.json:
+        _print_json({"name": args.name, "explain": text})
+    else:
+        print(text)
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------------ run (loop)
+
+
+def _run_intervals(conf: TrickleConf) -> dict[str, float]:
+    """Refresh interval (seconds) of every scheduled stream table; checked before Spark starts.
+
+    Uses the catalog's duration grammar (:func:`pipeline.schedule.parse_duration`) so that ``run`` and
+    ``create --schedule`` accept the same strings. Cron and CALCULATED need the real scheduler.
+    """
+    from pipeline.schedule import parse_duration
+
+    out: dict[str, float] = {}
+    for spec in conf.stream_tables:
+        if spec.refresh_mode == "IMMEDIATE":
+            continue
+        seconds = parse_duration(spec.schedule)
+        if seconds is None or seconds <= 0:
+            raise ConfigError(
+                f"{conf.path}: stream table {spec.name!r}: schedule {spec.schedule!r} is not supported by "
+                "'trickle run' yet: give a positive duration such as 30s, 5m or 1h30m (cron and "
+                "CALCULATED schedules need the scheduler, which comes later)"
+            )
+        out[spec.name] = float(seconds)
+    return out
+
+
+def _cmd_run(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    """Bring up a conf file's pipeline and keep it fresh until SIGINT/SIGTERM.
+
+    Deliberately small (the real scheduler, with CALCULATED/cron schedules, back-off and ERROR state,
+    is a later issue): IMMEDIATE stream tables get their streaming query; the others are refreshed in
+    conf order (list upstream tables first) whenever their interval has elapsed. One failing refresh is
+    reported and retried at its next interval; it does not stop the others.
+    """
+    assert conf is not None
+    intervals: dict[str, float] = args.intervals
+    log = _Logger(json_lines=args.json)
+
+    # Our handlers replace pyspark's (which cancels all jobs and raises KeyboardInterrupt), so a signal
+    # never interrupts a refresh or a create half-way: the loop stops at the next safe point.
+    stop = threading.Event()
+    restore = _install_stop_handlers(stop)
+    try:
+        existing = {str(r.get("name")) for r in st.status()}
+        for spec in conf.stream_tables:
+            if spec.name in existing or stop.is_set():
+                continue
+            st.create_stream_table(
+                spec.name, spec.query, schedule=spec.schedule, refresh_mode=spec.refresh_mode
+            )
+            log.event("created", name=spec.name, refresh_mode=spec.refresh_mode, schedule=spec.schedule)
+
+        queries: dict[str, Any] = {}
+        for spec in conf.stream_tables:
+            if spec.refresh_mode == "IMMEDIATE" and not stop.is_set():
+                queries[spec.name] = st.start(spec.name)
+                log.event("started", name=spec.name)
+        log.event("running", conf=str(conf.path), scheduled=len(intervals), immediate=len(queries))
+
+        last_run: dict[str, float] = {}
+        reported_dead: set[str] = set()
+        while not stop.is_set():
+            now = time.monotonic()
+            due = [n for n, every in intervals.items() if now - last_run.get(n, -every) >= every]
+            if due:
+                skip = _not_schedulable(st)
+                for name in due:
+                    if stop.is_set():
+                        break
+                    last_run[name] = time.monotonic()
+                    if name in skip:
+                        continue
+                    try:
+                        log.refresh(st.refresh_stream_table(name))
+                    except Exception as exc:  # noqa: BLE001 - keep the other stream tables running
+                        log.error(f"refresh {name} failed: {type(exc).__name__}: {exc}")
+            for name, q in queries.items():
+                if name not in reported_dead and not q.isActive:
+                    reported_dead.add(name)
+                    log.error(f"streaming query of {name} stopped: {q.exception()}")
+            stop.wait(conf.runtime.tick_seconds)
+        log.event("stopping")
+    finally:
+        try:
+            st.stop_all()
+        finally:
+            restore()
+    return EXIT_OK
+
+
+def _not_schedulable(st: StreamTables) -> set[str]:
+    """Names the loop must leave alone: suspended by a user, or in ERROR."""
+    return {
+        str(r.get("name"))
+        for r in st.status()
+        if str(r.get("status", "ACTIVE")).upper() in ("SUSPENDED", "ERROR")
+    }
+
+
+def _install_stop_handlers(stop: threading.Event) -> Callable[[], None]:
+    """SIGINT/SIGTERM ask the loop to stop after the refresh in progress; a second one aborts at once.
+
+    A repeat within a second is ignored: tools such as ``timeout`` signal both the process and its group,
+    which would otherwise turn one request into an abort.
+    """
+    first: list[float] = []
+
+    def handler(signum: int, frame: object) -> None:
+        now = time.monotonic()
+        if first and now - first[0] > 1.0:
+            raise KeyboardInterrupt
+        if not first:
+            first.append(now)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+    return restore
+
+
+class _Logger:
+    """One line per event on stdout (text or JSON lines), so ``run`` output can be tailed or parsed."""
+
+    def __init__(self, json_lines: bool) -> None:
+        self.json_lines = json_lines
+
+    def event(self, what: str, **fields: Any) -> None:
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if self.json_lines:
+            print(json.dumps({"ts": stamp, "event": what, **fields}, default=str), flush=True)
+        else:
+            tail = " ".join(f"{k}={v}" for k, v in fields.items())
+            print(f"{stamp} {what} {tail}".rstrip(), flush=True)
+
+    def refresh(self, result: Any) -> None:
+        if self.json_lines:
+            self.event("refresh", **_jsonable(result))
+        else:
+            stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            print(f"{stamp} refresh {describe_refresh(result)}", flush=True)
+
+    def error(self, message: str) -> None:
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        print(f"{stamp} error: {message}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------- formatting
+
+
+def describe_refresh(result: Any) -> str:
+    """One line for a RefreshResult: what ran, why, what changed, how long it took."""
+    g = _getter(result)
+    parts = [f"{g('name')}: {g('action')}"]
+    reason = g("reason")
+    if reason:
+        parts.append(f"({reason})")
+    parts.append(f"+{g('rows_inserted') or 0} -{g('rows_deleted') or 0} ~{g('rows_updated') or 0} rows")
+    duration = g("duration_ms")
+    if duration is not None:
+        parts.append(f"in {_fmt(duration)} ms")
+    return " ".join(parts)
+
+
+def format_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Render dicts as a plain-text table (no borders, so output pastes cleanly into issues and docs).
+
+    ``columns`` picks and orders the columns; those absent from every row are left out, so the table
+    adapts when the API adds or omits keys. Without ``columns`` every key of the first row is shown.
+    """
+    rows = [dict(r) for r in rows]
+    if not rows:
+        return ""
+    if columns is None:
+        cols = list(rows[0])
+    else:
+        cols = [c for c in columns if any(c in r for r in rows)]
+    cells = [
+        [_fmt(_epoch_to_datetime(r.get(c)) if c.endswith("_at") else r.get(c)) for c in cols] for r in rows
+    ]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dt.datetime):
+        return value.isoformat(sep=" ", timespec="seconds")
+    if isinstance(value, float):
+        return f"{value:.1f}" if abs(value) < 1e6 else f"{value:.0f}"
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "{}"
+    if isinstance(value, list | tuple):
+        return ",".join(_fmt(v) for v in value)
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _epoch_to_datetime(value: Any) -> Any:
+    """The catalog stores times as epoch seconds (cheap, JSON-friendly); people read UTC timestamps."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return dt.datetime.fromtimestamp(value, dt.UTC).replace(tzinfo=None)
+    return value
+
+
+def _getter(obj: Any) -> Callable[[str], Any]:
+    if isinstance(obj, Mapping):
+        return obj.get
+    return lambda key: getattr(obj, key, None)
+
+
+def _jsonable(obj: Any) -> Any:
+    """Plain JSON types for API results (dataclasses, Rows, datetimes, Decimals)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if hasattr(obj, "asDict"):  # pyspark Row
+        return _jsonable(obj.asDict(recursive=True))
+    if hasattr(obj, "_asdict"):  # NamedTuple
+        return _jsonable(obj._asdict())
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, dt.datetime | dt.date):
+        return obj.isoformat()
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    return str(obj)
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(_jsonable(obj), indent=2))
+
+
+def _status_of(st: StreamTables, name: str) -> dict[str, Any] | None:
+    for row in st.status():
+        if row.get("name") == name:
+            return dict(row)
+    return None
+
+
+if __name__ == "__main__":  # `python -m pipeline.cli ...` works without the console script installed
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""The refresh executor: decide NO_DATA / DIFFERENTIAL / FULL / REINITIALIZE, run it, record it.
+
+Frontier protocol (why a crash never loses or double-applies a change):
+
+1. The *committed* frontier of a stream table is read from its own Delta log — the newest commit that
+   carries a refresh record. The catalog's copy is only a cache.
+2. The post frontier is the latest version of every source; upstream stream tables are refreshed first,
+   in topological order, so a downstream never reads an upstream that is behind.
+3. The data change and the new frontier are written in ONE Delta commit (MERGE or overwrite with the
+   refresh record as ``userMetadata``).
+4. Only then are the history and the catalog updated. If the process dies between 3 and 4, the next
+   refresh finds a committed refresh id the history does not know, writes the missing record (marked
+   ``recovered``) and continues from the committed frontier.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import dvm
+from connectors import delta_sink
+from connectors.delta_log import DeltaLog
+from dvm.context import Context, SourceRef, quote
+from pipeline.catalog import Catalog, StreamTableDef
+from pipeline.errors import RefreshError, SourceError, UnsupportedError
+
+
+@dataclass
+class RefreshResult:
+    """What one refresh did and why."""
+
+    name: str
+    action: str  # NO_DATA | DIFFERENTIAL | FULL | REINITIALIZE
+    reason: str
+    rows_inserted: int = 0
+    rows_deleted: int = 0
+    rows_updated: int = 0
+    duration_ms: float = 0.0
+    frontier: dict[str, int] = field(default_factory=dict)
+    refresh_id: str | None = None
+    recovered: bool = False
+
+
+def _after_commit(name: str) -> None:
+    """Test hook: called between the stream table's commit and the catalog update."""
+
+
+AfterCommit = Callable[[str], None]
+
+
+class Refresher:
+    def __init__(self, spark: Any, catalog: Catalog, strict: bool = False) -> None:
+        self.spark = spark
+        self.catalog = catalog
+        self.strict = strict
+        self._plans: dict[tuple[str, str], dvm.Plan | None] = {}
+        self.after_commit: AfterCommit = _after_commit
+
+    # --- plans ---
+
+    def plan(self, d: StreamTableDef) -> dvm.Plan | None:
+        """The compiled query, or None when it can only be refreshed FULL."""
+        key = (d.name, d.query)
+        if key not in self._plans:
+            if d.full_reason is not None:
+                self._plans[key] = None
+            else:
+                schemas = self.source_schemas(d)
+                plan = dvm.compile_query(d.query, schemas, d.dialect)
+                plan.names = list(d.names)
+                self._plans[key] = plan
+        return self._plans[key]
+
+    def source_schemas(self, d: StreamTableDef) -> dict[str, list[tuple[str, str]]]:
+        out = {}
+        for key, src in d.sources.items():
+            if src.kind == "stream_table":
+                up = self.catalog.get(key)
+                out[key] = list(zip(up.names, up.types, strict=True))
+            else:
+                schema = self.spark.read.format("delta").load(src.path).schema
+                out[key] = [(f.name, f.dataType.simpleString()) for f in schema.fields]
+        return out
+
+    # --- refresh ---
+
+    def refresh(self, name: str, _seen: set[str] | None = None) -> RefreshResult:
+        seen = _seen if _seen is not None else set()
+        d = self.catalog.get(name)
+        for key, src in d.sources.items():
+            if src.kind == "stream_table" and key not in seen:
+                self.refresh(key, seen)
+                seen.add(key)
+        started = time.time()
+        t0 = time.perf_counter()
+        try:
+            result = self._refresh(d, started, t0)
+        except Exception as e:
+            self._record_error(d, started, t0, e)
+            raise
+        return result
+
+    def _committed(self, d: StreamTableDef) -> tuple[dict[str, int] | None, dict[str, Any] | None]:
+        found = DeltaLog(self.spark, d.path).last_trickle_commit()
+        if found is None:
+            return None, None
+        _, meta = found
+        return {k: int(v) for k, v in meta.get("frontier", {}).items()}, meta
+
+    def latest_frontier(self, d: StreamTableDef) -> dict[str, int]:
+        out = {}
+        for key, src in d.sources.items():
+            v = DeltaLog(self.spark, src.path).latest_version()
+            if v is None:
+                raise SourceError(f"source {key} of stream table {d.name} no longer exists at {src.path}")
+            out[key] = v
+        return out
+
+    def _refresh(self, d: StreamTableDef, started: float, t0: float) -> RefreshResult:
+        pre, meta = self._committed(d)
+        recovered = False
+        if meta is not None and meta.get("refresh_id") != d.last_refresh_id:
+            recovered = self._recover(d, meta, pre)
+        post = self.latest_frontier(d)
+        if pre is not None and pre == post:
+            return RefreshResult(d.name, "NO_DATA", "no source changed since the last refresh",
+                                 duration_ms=(time.perf_counter() - t0) * 1000, frontier=post,
+                                 refresh_id=d.last_refresh_id, recovered=recovered)
+        action, reason = self._decide(d, pre, post)
+        refresh_id = uuid.uuid4().hex[:16]
+        record = {"refresh_id": refresh_id, "frontier": post, "action": action, "name": d.name}
+        counts: dict[str, int]
+        if action == "DIFFERENTIAL":
+            try:
+                counts = self._differential(d, pre, post, record)  # type: ignore[arg-type]
+            except Exception as e:  # noqa: BLE001 - decide below whether a FULL may replace it
+                if d.refresh_mode != "AUTO" or self.strict or not _is_change_feed_error(e):
+                    raise
+                action, reason = "FULL", f"change feed unreadable for the window ({_first_line(e)})"
+                record["action"] = action
+                counts = self._full(d, post, record)
+        else:
+            counts = self._full(d, post, record)
+        self.after_commit(d.name)
+        duration = (time.perf_counter() - t0) * 1000
+        result = RefreshResult(d.name, action, reason, counts["inserted"], counts["deleted"], counts["updated"],
+                               duration, post, refresh_id, recovered)
+        self._record_ok(d, started, result)
+        return result
+
+    def _decide(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int]) -> tuple[str, str]:
+        if pre is None:
+            return "FULL", "initial population"
+        if set(pre) != set(post):
+            return "REINITIALIZE", "the set of sources changed"
+        if d.refresh_mode == "FULL":
+            return "FULL", "refresh_mode is FULL"
+        if d.full_reason is not None:
+            if self.strict or d.refresh_mode in ("DIFFERENTIAL", "IMMEDIATE"):
+                raise RefreshError(f"stream table {d.name} cannot be refreshed differentially: {d.full_reason}")
+            return "FULL", f"query not differentiable: {d.full_reason}"
+        return "DIFFERENTIAL", "source changes applied as a delta"
+
+    def context(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int]) -> Context:
+        refs = {
+            key: SourceRef(src.path, post[key], None if pre is None else pre.get(key), src.mult_col)
+            for key, src in d.sources.items()
+        }
+        return Context(refs, target_path=d.path)
+
+    def _differential(self, d: StreamTableDef, pre: dict[str, int], post: dict[str, int],
+                      record: dict[str, Any]) -> dict[str, int]:
+        plan = self.plan(d)
+        assert plan is not None
+        src = plan.merge_source_sql(self.context(d, pre, post), d.types)
+        if src is None:
+            delta_sink.mark_frontier(self.spark, d.path, record)
+            return {"inserted": 0, "updated": 0, "deleted": 0}
+        return delta_sink.merge(self.spark, d.path, plan.merge_statement(f"delta.{quote(d.path)}", src), record)
+
+    def full_sql(self, d: StreamTableDef, post: dict[str, int]) -> str:
+        plan = self.plan(d)
+        ctx = self.context(d, None, post)
+        if plan is not None:
+            return plan.full_sql(ctx, d.types)
+        users = ", ".join(quote(n) for n in d.names)
+        pinned = dvm.parser.pin_sources(d.query, self.from_items(d, post), d.dialect)
+        return (f"SELECT {users}, xxhash64({users}) AS __row_id, COUNT(*) AS __mult FROM ({pinned}) "
+                f"GROUP BY {users}")
+
+    def from_items(self, d: StreamTableDef, post: dict[str, int]) -> dict[str, str]:
+        """FROM items reading each source at ``post``; stream tables show only their user columns."""
+        out = {}
+        for key, src in d.sources.items():
+            table = f"delta.{quote(src.path)} VERSION AS OF {post[key]}"
+            if src.kind == "stream_table":
+                up = self.catalog.get(key)
+                cols = ", ".join(quote(n) for n in up.names)
+                expand = f" LATERAL VIEW explode(sequence(1, {src.mult_col})) __mx AS __mi" if src.mult_col else ""
+                out[key] = f"(SELECT {cols} FROM {table}{expand})"
+            else:
+                out[key] = table
+        return out
+
+    def _full(self, d: StreamTableDef, post: dict[str, int], record: dict[str, Any]) -> dict[str, int]:
+        df = self.spark.sql(self.full_sql(d, post))
+        return delta_sink.overwrite(self.spark, df, d.path, record)
+
+    # --- bookkeeping ---
+
+    def _recover(self, d: StreamTableDef, meta: dict[str, Any], frontier: dict[str, int] | None) -> bool:
+        """The last commit's refresh never reached the catalog: record it now, from the commit itself."""
+        if self.catalog.has_history(d.name, meta["refresh_id"]):
+            d.last_refresh_id = meta["refresh_id"]
+            self.catalog.put(d)
+            return False
+        now = time.time()
+        self.catalog.append_history(d.name, {
+            "refresh_id": meta["refresh_id"], "name": d.name, "action": meta.get("action"),
+            "reason": "recovered: the refresh committed its data but its catalog record was lost",
+            "status": "OK", "started_at": now, "finished_at": now, "duration_ms": None,
+            "rows_inserted": None, "rows_deleted": None, "rows_updated": None, "frontier": frontier,
+            "error": None,
+        })
+        d.last_refresh_id = meta["refresh_id"]
+        d.frontier = frontier
+        d.last_action = meta.get("action")
+        self.catalog.put(d)
+        return True
+
+    def _record_ok(self, d: StreamTableDef, started: float, r: RefreshResult) -> None:
+        self.catalog.append_history(d.name, {
+            "refresh_id": r.refresh_id, "name": d.name, "action": r.action, "reason": r.reason, "status": "OK",
+            "started_at": started, "finished_at": time.time(), "duration_ms": round(r.duration_ms, 1),
+            "rows_inserted": r.rows_inserted, "rows_deleted": r.rows_deleted, "rows_updated": r.rows_updated,
+            "frontier": r.frontier, "error": None, "recovered": r.recovered,
+        })
+        fresh = self.catalog.get(d.name)  # keep concurrent ALTERs (status, schedule) intact
+        fresh.frontier = r.frontier
+        fresh.last_refresh_id = r.refresh_id
+        fresh.last_refresh_at = time.time()
+        fresh.last_action = r.action
+        fresh.consecutive_errors = 0
+        fresh.last_error = None
+        if fresh.status == "ERROR":
+            fresh.status = "ACTIVE"
+        self.catalog.put(fresh)
+
+    def _record_error(self, d: StreamTableDef, started: float, t0: float, e: BaseException) -> None:
+        try:
+            fresh = self.catalog.get(d.name)
+        except Exception:  # noqa: BLE001 - dropped meanwhile
+            return
+        self.catalog.append_history(d.name, {
+            "refresh_id": uuid.uuid4().hex[:16], "name": d.name, "action": None, "reason": None,
+            "status": "ERROR", "started_at": started, "finished_at": time.time(),
+            "duration_ms": round((time.perf_counter() - t0) * 1000, 1), "rows_inserted": 0, "rows_deleted": 0,
+            "rows_updated": 0, "frontier": None, "error": _first_line(e),
+            "traceback": "".join(traceback.format_exception(e))[-4000:],
+        })
+        fresh.consecutive_errors += 1
+        fresh.last_error = _first_line(e)
+        self.catalog.put(fresh)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:500]
+
+
+def _is_change_feed_error(e: BaseException) -> bool:
+    text = str(e)
+    return any(s in text for s in ("DELTA_MISSING_CHANGE_DATA", "VersionNotFound", "DELTA_CHANGE_DATA_FEED",
+                                    "CHANGE_DATA_FEED", "DELTA_FILE_NOT_FOUND"))
+
+
+__all__ = ["Refresher", "RefreshResult", "UnsupportedError"]

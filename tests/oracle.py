@@ -1,0 +1,815 @@
+"""Oracle harness: random changes to Delta sources, then stream table == its query run from scratch.
+
+Why: incremental maintenance is only correct if, after *any* sequence of source changes, a refreshed
+stream table holds exactly what its defining query returns on the same source snapshot (Delayed View
+Semantics). Hand-written expected rows cannot cover the corner cases (key updates, NULLs, duplicates,
+join partners vanishing in the same window), so we generate them at random from a seed and let Spark
+itself compute the expected answer.
+
+Pieces:
+
+* :class:`Col` / :class:`TableSpec` describe a source table; :class:`ChangeGenerator` creates it as a
+  Delta table with CDF on, keeps a Python model of its rows, and applies each cycle's random batch as
+  ONE ``MERGE`` per table (so the Change Data Feed shows real update pre/post images, not a rewrite).
+* :func:`compare_rows` / :func:`assert_matches` compare multisets of rows with a float tolerance and
+  render a readable diff.
+* :func:`run_oracle` drives a set of stream tables over shared sources for many cycles and checks the
+  refresh action, the frontier and the contents after every refresh.
+
+Queries name tables through ``{placeholders}``: ``{orders}`` is a source of the spec, ``{totals}`` is
+another stream table of the same run (a DAG edge). Real names get a unique suffix so tests never clash
+in the session catalog.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+import re
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from functools import reduce
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from pyspark.sql import DataFrame, SparkSession
+
+Kind = Literal["int", "string", "double", "jkey"]
+Row = tuple[Any, ...]
+
+#: Small string pool: duplicates and equal values across tables happen often; "" is not NULL.
+STRINGS: tuple[str, ...] = ("alpha", "beta", "gamma", "Delta", "eps", "", "x y")
+
+_SUFFIX = itertools.count(1)
+
+
+def unique_suffix() -> str:
+    """A session-unique suffix: the in-memory session catalog is shared by every test of the run."""
+    return f"{os.getpid() % 10000}_{next(_SUFFIX)}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Source description and random change generation
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Col:
+    """One value column. ``jkey`` is an int join key drawn from a small domain so that joins match."""
+
+    name: str
+    kind: Kind = "int"
+    nullable: bool = True
+    domain: tuple[int, int] | None = None  # inclusive range for int / jkey
+
+    def sql_type(self) -> str:
+        return {"int": "INT", "jkey": "INT", "double": "DOUBLE", "string": "STRING"}[self.kind]
+
+    def random_value(self, rng: random.Random, null_p: float) -> Any:
+        if self.nullable and rng.random() < null_p:
+            return None
+        if self.kind == "string":
+            return rng.choice(STRINGS)
+        if self.kind == "double":
+            lo, hi = self.domain or (-50, 150)
+            return round(rng.uniform(lo, hi), 2)
+        lo, hi = self.domain or ((1, 6) if self.kind == "jkey" else (0, 20))
+        return rng.randint(lo, hi)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A source table: optional int key column (unique, never NULL) followed by ``cols``.
+
+    ``key=None`` makes a keyless table: rows are identified only by their values and exact duplicate
+    rows exist. ``key_range`` draws keys from a small range (dimension tables that other tables join
+    to by a ``jkey`` column), so deleted keys get reused and joins find partners.
+    """
+
+    name: str
+    cols: tuple[Col, ...]
+    key: str | None = "id"
+    key_range: tuple[int, int] | None = None
+    rows: int = 40
+    dup_fraction: float = 0.15
+    null_p: float = 0.15
+    max_changes: int = 5
+
+    @property
+    def columns(self) -> list[str]:
+        return ([self.key] if self.key else []) + [c.name for c in self.cols]
+
+    def ddl(self, real_name: str) -> str:
+        parts = ([f"{self.key} INT"] if self.key else []) + [f"{c.name} {c.sql_type()}" for c in self.cols]
+        return (
+            f"CREATE TABLE {real_name} ({', '.join(parts)}) USING delta "
+            "TBLPROPERTIES (delta.enableChangeDataFeed = true)"
+        )
+
+
+@dataclass(frozen=True)
+class Churn:
+    """In some cycles: update ``child.fk`` of a row away from ``x`` AND delete the parent with key ``x``.
+
+    This is the classic join-maintenance trap: computing the delete side against the parent's *current*
+    state misses the old partner, so the stale joined row survives.
+    """
+
+    child: str
+    fk: str
+    parent: str
+    p: float = 0.35
+
+
+@dataclass(frozen=True)
+class Extreme:
+    """In some cycles: delete (or move away) the row holding the MIN or MAX of ``table.col``."""
+
+    table: str
+    col: str
+    p: float = 0.3
+
+
+@dataclass
+class Op:
+    """One row change of a batch. ``old`` is the pre-state row (U/D), ``new`` the post-state row (U/I)."""
+
+    op: Literal["I", "U", "D"]
+    old: Row | None
+    new: Row | None
+    count: int = 1  # target rows affected (every exact copy for keyless tables)
+
+
+@dataclass
+class _Source:
+    spec: TableSpec
+    real: str
+    rows: dict[int, Row] = field(default_factory=dict)  # internal row id -> row (key first if keyed)
+    version: int = -1
+    next_rid: int = 0
+    next_key: int = 1
+
+    def key_idx(self) -> int:
+        return 0
+
+    def keys(self) -> set[int]:
+        return {r[0] for r in self.rows.values()} if self.spec.key else set()
+
+    def add(self, row: Row) -> int:
+        rid = self.next_rid
+        self.next_rid += 1
+        self.rows[rid] = row
+        return rid
+
+
+class ChangeGenerator:
+    """Creates the source tables and applies seeded random change batches, one MERGE per table.
+
+    The generator keeps a Python model of every table (``expected_rows``) so a self-test can verify it
+    mirrors Delta exactly, and it knows each table's Delta version (``versions``) so frontiers reported
+    by refreshes can be checked.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        specs: Sequence[TableSpec],
+        seed: int,
+        suffix: str | None = None,
+        churn: Sequence[Churn] = (),
+        extremes: Sequence[Extreme] = (),
+        change_p: float = 0.88,
+    ) -> None:
+        self.spark = spark
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.suffix = suffix or unique_suffix()
+        self.sources: dict[str, _Source] = {s.name: _Source(s, f"{s.name}_{self.suffix}") for s in specs}
+        self.churn = list(churn)
+        self.extremes = list(extremes)
+        self.change_p = change_p
+        self.last_ops: dict[str, list[Op]] = {}
+        self.log: dict[str, dict[int, list[Op]]] = {n: {} for n in self.sources}  # name -> version -> ops
+
+    # -- public ------------------------------------------------------------------------------------
+
+    @property
+    def names(self) -> dict[str, str]:
+        """Logical name -> real catalog name."""
+        return {n: s.real for n, s in self.sources.items()}
+
+    @property
+    def versions(self) -> dict[str, int]:
+        """Logical name -> current Delta version (counted: CREATE = 0, initial INSERT = 1, +1 per MERGE)."""
+        return {n: s.version for n, s in self.sources.items()}
+
+    def expected_rows(self, name: str) -> list[Row]:
+        return list(self.sources[name].rows.values())
+
+    def create(self) -> dict[str, str]:
+        """Create every source with its initial rows (NULLs and duplicate value rows included)."""
+        for src in self.sources.values():
+            spec = src.spec
+            self.spark.sql(spec.ddl(src.real))
+            src.version = 0
+            if spec.key:
+                if spec.key_range:
+                    lo, hi = spec.key_range
+                    keys = sorted(self.rng.sample(range(lo, hi + 1), min(spec.rows, hi - lo + 1)))
+                else:
+                    keys = sorted(self.rng.sample(range(1, 3 * spec.rows), spec.rows))
+                src.next_key = max(keys) + 1
+            else:
+                keys = [0] * spec.rows
+            initial: list[Row] = []
+            for k in keys:
+                if initial and self.rng.random() < spec.dup_fraction:
+                    vals = self._values(self.rng.choice(initial), spec)
+                else:
+                    vals = tuple(c.random_value(self.rng, spec.null_p) for c in spec.cols)
+                row = ((k,) if spec.key else ()) + tuple(vals)
+                initial.append(row)
+                src.add(row)
+            if initial:
+                view = f"_oracle_init_{src.real}"
+                self.spark.createDataFrame(initial, self._schema(spec)).createOrReplaceTempView(view)
+                self.spark.sql(f"INSERT INTO {src.real} SELECT * FROM {view}")
+                self.spark.catalog.dropTempView(view)
+                src.version = 1
+        return self.names
+
+    def cycle(self, empty: bool = False) -> set[str]:
+        """Apply one random batch; return the logical names of the tables that got a commit."""
+        batches: dict[str, list[Op]] = {n: [] for n in self.sources}
+        touched: dict[str, set[int]] = {n: set() for n in self.sources}
+        if not empty:
+            for ch in self.churn:
+                if self.rng.random() < ch.p:
+                    self._churn(ch, batches, touched)
+            for ex in self.extremes:
+                if self.rng.random() < ex.p:
+                    self._extreme(ex, batches, touched)
+            for name, src in self.sources.items():
+                if self.rng.random() < self.change_p or batches[name]:
+                    for _ in range(self.rng.randint(1, src.spec.max_changes)):
+                        self._random_op(src, batches[name], touched[name])
+        changed: set[str] = set()
+        for name, ops in batches.items():
+            if ops:
+                self._merge(self.sources[name], ops)
+                changed.add(name)
+        self.last_ops = batches
+        return changed
+
+    def verify_versions(self) -> None:
+        """Cross-check the counted versions with Delta's history (one cheap metadata query per table)."""
+        for name, src in self.sources.items():
+            v = self.spark.sql(f"DESCRIBE HISTORY {src.real} LIMIT 1").collect()[0]["version"]
+            assert v == src.version, f"source {name}: counted version {src.version}, Delta says {v}"
+
+    # -- change planning (sequential semantics == MERGE semantics, see _candidates) --------------
+
+    @staticmethod
+    def _values(row: Row, spec: TableSpec) -> Row:
+        return row[1:] if spec.key else row
+
+    @staticmethod
+    def _schema(spec: TableSpec, change: bool = False) -> Any:
+        from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
+
+        types = {"int": IntegerType(), "jkey": IntegerType(), "double": DoubleType(), "string": StringType()}
+        cols: list[tuple[str, Any]] = ([(spec.key, IntegerType())] if spec.key else []) + [
+            (c.name, types[c.kind]) for c in spec.cols
+        ]
+        fields = [StructField(n, t, True) for n, t in cols]
+        if change:
+            match = cols[:1] if spec.key else cols
+            fields = (
+                [StructField("op", StringType(), False)]
+                + [StructField(f"o_{n}", t, True) for n, t in match]
+                + fields
+            )
+        return StructType(fields)
+
+    def _candidates(self, src: _Source, touched: set[int]) -> list[int]:
+        """Rows a new U/D may target: untouched pre-state rows (each target row matched once per MERGE).
+
+        For keyless tables a U/D hits every copy of a value tuple, so a tuple qualifies only if none of
+        its copies was touched and no row written earlier in the batch has the same values.
+        """
+        free = [rid for rid in src.rows if rid not in touched]
+        if src.spec.key:
+            return free
+        written = {src.rows[rid] for rid in touched if rid in src.rows}
+        seen: set[Row] = set()
+        out = []
+        for rid in free:
+            row = src.rows[rid]
+            if row in written or row in seen:
+                continue
+            seen.add(row)
+            out.append(rid)
+        return out
+
+    def _rids_of(self, src: _Source, rid: int) -> list[int]:
+        """All internal rows one U/D on ``rid`` affects (all exact copies for keyless tables)."""
+        if src.spec.key:
+            return [rid]
+        row = src.rows[rid]
+        return [r for r, v in src.rows.items() if v == row]
+
+    def _new_key(self, src: _Source) -> int:
+        used = src.keys()
+        if src.spec.key_range:
+            lo, hi = src.spec.key_range
+            free = [k for k in range(lo, hi + 1) if k not in used]
+            if free:
+                return self.rng.choice(free)
+        k = max(src.next_key, max(used, default=0) + 1)
+        src.next_key = k + 1
+        return k
+
+    def _update(self, src: _Source, rid: int, new: Row, ops: list[Op], touched: set[int]) -> None:
+        old = src.rows[rid]
+        rids = self._rids_of(src, rid)
+        for r in rids:
+            src.rows[r] = new
+            touched.add(r)
+        ops.append(Op("U", old, new, len(rids)))
+
+    def _delete(self, src: _Source, rid: int, ops: list[Op], touched: set[int]) -> None:
+        old = src.rows[rid]
+        rids = self._rids_of(src, rid)
+        for r in rids:
+            del src.rows[r]
+            touched.discard(r)
+        ops.append(Op("D", old, None, len(rids)))
+
+    def _insert(self, src: _Source, new: Row, ops: list[Op], touched: set[int]) -> None:
+        touched.add(src.add(new))
+        ops.append(Op("I", None, new))
+
+    def _random_op(self, src: _Source, ops: list[Op], touched: set[int]) -> None:
+        spec, rng = src.spec, self.rng
+        cands = self._candidates(src, touched)
+        r = rng.random()
+        if cands and r < 0.70:
+            rid = rng.choice(cands)
+            row = list(src.rows[rid])
+            off = 1 if spec.key else 0
+            jkeys = [i for i, c in enumerate(spec.cols) if c.kind == "jkey"]
+            nullable = [i for i, c in enumerate(spec.cols) if c.nullable]
+            kind = rng.random()
+            if spec.key and kind < 0.12:
+                row[0] = self._new_key(src)  # key update: pre/post images carry different keys
+            elif jkeys and kind < 0.40:
+                i = rng.choice(jkeys)
+                row[off + i] = spec.cols[i].random_value(rng, spec.null_p)
+            elif nullable and kind < 0.55:
+                row[off + rng.choice(nullable)] = None
+            else:
+                for i in rng.sample(range(len(spec.cols)), min(len(spec.cols), rng.randint(1, 2))):
+                    row[off + i] = spec.cols[i].random_value(rng, spec.null_p)
+            self._update(src, rid, tuple(row), ops, touched)
+        elif cands and r < 0.85:
+            self._delete(src, rng.choice(cands), ops, touched)
+        else:
+            if src.rows and rng.random() < 0.4:  # duplicate of an existing value combination
+                vals = self._values(rng.choice(list(src.rows.values())), spec)
+            else:
+                vals = tuple(c.random_value(rng, spec.null_p) for c in spec.cols)
+            new = ((self._new_key(src),) if spec.key else ()) + tuple(vals)
+            self._insert(src, new, ops, touched)
+
+    def _churn(self, ch: Churn, batches: dict[str, list[Op]], touched: dict[str, set[int]]) -> None:
+        child, parent = self.sources[ch.child], self.sources[ch.parent]
+        if not parent.spec.key:
+            raise ValueError(f"churn parent {ch.parent} needs a key column")
+        fk_i = child.spec.columns.index(ch.fk)
+        parents = {
+            parent.rows[rid][0]: rid
+            for rid in self._candidates(parent, touched[ch.parent])
+        }
+        kids = [
+            rid
+            for rid in self._candidates(child, touched[ch.child])
+            if child.rows[rid][fk_i] in parents
+        ]
+        if not kids:
+            return
+        rid = self.rng.choice(kids)
+        x = child.rows[rid][fk_i]
+        others = [k for k in parent.keys() if k != x]
+        row = list(child.rows[rid])
+        row[fk_i] = self.rng.choice(others) if others else None
+        self._update(child, rid, tuple(row), batches[ch.child], touched[ch.child])
+        self._delete(parent, parents[x], batches[ch.parent], touched[ch.parent])
+
+    def _extreme(self, ex: Extreme, batches: dict[str, list[Op]], touched: dict[str, set[int]]) -> None:
+        src = self.sources[ex.table]
+        i = src.spec.columns.index(ex.col)
+        cands = [rid for rid in self._candidates(src, touched[ex.table]) if src.rows[rid][i] is not None]
+        if not cands:
+            return
+        pick = max if self.rng.random() < 0.5 else min
+        rid = pick(cands, key=lambda r: src.rows[r][i])
+        if self.rng.random() < 0.7:
+            self._delete(src, rid, batches[ex.table], touched[ex.table])
+        else:
+            row = list(src.rows[rid])
+            row[i] = None if src.spec.cols[i - (1 if src.spec.key else 0)].nullable else row[i]
+            if row[i] is not None:  # not nullable: move it to the middle of the domain instead
+                row[i] = type(row[i])(0)
+            self._update(src, rid, tuple(row), batches[ex.table], touched[ex.table])
+
+    def _merge(self, src: _Source, ops: list[Op]) -> None:
+        """Apply a batch as ONE MERGE: U/D match the pre-state row (by key, or null-safe on all values)."""
+        spec = src.spec
+        cols = spec.columns
+        match_cols = cols[:1] if spec.key else cols
+        width = len(match_cols)
+        data = []
+        for op in ops:
+            old = (op.old[:width] if spec.key else op.old) if op.old is not None else (None,) * width
+            new = op.new if op.new is not None else (None,) * len(cols)
+            data.append((op.op, *old, *new))
+        view = f"_oracle_chg_{src.real}"
+        self.spark.createDataFrame(data, self._schema(spec, change=True)).createOrReplaceTempView(view)
+        if spec.key:
+            on = f"t.{spec.key} = s.o_{spec.key}"
+        else:
+            on = " AND ".join(f"t.{c} <=> s.o_{c}" for c in cols)
+        sets = ", ".join(f"{c} = s.{c}" for c in cols)
+        self.spark.sql(
+            f"MERGE INTO {src.real} t USING {view} s ON s.op <> 'I' AND {on} "
+            "WHEN MATCHED AND s.op = 'D' THEN DELETE "
+            f"WHEN MATCHED AND s.op = 'U' THEN UPDATE SET {sets} "
+            f"WHEN NOT MATCHED AND s.op = 'I' THEN INSERT ({', '.join(cols)}) "
+            f"VALUES ({', '.join('s.' + c for c in cols)})"
+        )
+        self.spark.catalog.dropTempView(view)
+        src.version += 1
+        self.log[src.spec.name][src.version] = list(ops)
+
+
+# --------------------------------------------------------------------------------------------------
+# Comparison
+# --------------------------------------------------------------------------------------------------
+
+
+def _norm(v: Any) -> Any:
+    """Hashable, order-insensitive-to-float-noise form of a value (6 significant digits for floats)."""
+    if isinstance(v, Decimal):
+        v = float(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return v
+        return float(f"{v:.6g}") + 0.0  # +0.0 turns -0.0 into 0.0
+    if isinstance(v, list | tuple):
+        return tuple(_norm(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((str(k), _norm(x)) for k, x in v.items()))
+    return v
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float | int) and isinstance(b, float | int) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+    return a == b
+
+
+def compare_rows(expected: Iterable[Row], actual: Iterable[Row]) -> tuple[Counter[Row], Counter[Row]]:
+    """Multiset difference (missing, extra) after float normalisation plus a tolerant pairing pass.
+
+    Exact Counter matching handles almost everything; values that straddle a rounding boundary (e.g.
+    sums of doubles added in another order) are paired up by ``math.isclose`` afterwards.
+    """
+    exp = Counter(_norm(tuple(r)) for r in expected)
+    act = Counter(_norm(tuple(r)) for r in actual)
+    missing, extra = exp - act, act - exp
+    if missing and extra:
+        for m in list(missing):
+            for e in list(extra):
+                while missing[m] and extra[e] and _close(m, e):
+                    missing[m] -= 1
+                    extra[e] -= 1
+        missing, extra = +missing, +extra
+    return missing, extra
+
+
+def _fmt_rows(c: Counter[Row], other: Counter[Row], limit: int = 25) -> str:
+    lines = []
+    for row in sorted(c, key=repr)[:limit]:
+        lines.append(f"    {row!r}  x{c[row]}")
+    if len(c) > limit:
+        lines.append(f"    ... {len(c) - limit} more distinct rows")
+    return "\n".join(lines)
+
+
+def format_diff(
+    name: str, columns: Sequence[str], missing: Counter[Row], extra: Counter[Row], n_exp: int, n_act: int
+) -> str:
+    return (
+        f"stream table {name!r} differs from its query ({n_exp} expected rows, {n_act} actual rows)\n"
+        f"  columns: {list(columns)}\n"
+        f"  missing (in query result, not in stream table): {sum(missing.values())} rows\n"
+        f"{_fmt_rows(missing, extra)}\n"
+        f"  extra (in stream table, not in query result): {sum(extra.values())} rows\n"
+        f"{_fmt_rows(extra, missing)}"
+    )
+
+
+def _json_rows(df: DataFrame, tag: str) -> DataFrame:
+    """Rows as JSON strings so any schemas can be unioned and collected in one Spark job."""
+    from pyspark.sql import functions as F
+
+    return df.select(
+        F.lit(tag).alias("tag"),
+        F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns]), {"ignoreNullFields": "false"}).alias("j"),
+    )
+
+
+def _decode(j: str) -> Row:
+    return tuple(v for _, v in json.loads(j, object_pairs_hook=list))
+
+
+def check_many(
+    spark: SparkSession, st: Any, pairs: Mapping[str, str], context: str = ""
+) -> dict[str, str]:
+    """Compare several stream tables to their queries with ONE collect; return name -> failure text.
+
+    Each Spark job has a large fixed cost on a small machine, so all reads of a cycle are unioned.
+    If the union itself fails (one read or query raises), fall back to one table at a time so the
+    failure is attributed to the right stream table.
+    """
+    failures: dict[str, str] = {}
+    parts: list[DataFrame] = []
+    meta: dict[str, tuple[list[str], list[str]]] = {}
+    for name, query in pairs.items():
+        try:
+            actual_df = st.read(name)
+            expected_df = spark.sql(query)
+        except Exception as e:  # noqa: BLE001 - report any failure against the table
+            failures[name] = f"stream table {name!r}: reading it or its query failed: {type(e).__name__}: {e}"
+            continue
+        a_cols, e_cols = list(actual_df.columns), list(expected_df.columns)
+        meta[name] = (a_cols, e_cols)
+        if [c.lower() for c in a_cols] != [c.lower() for c in e_cols]:
+            failures[name] = (
+                f"stream table {name!r}: columns {a_cols} of st.read() differ from the query's {e_cols}"
+            )
+            continue
+        parts += [_json_rows(actual_df, f"a:{name}"), _json_rows(expected_df, f"e:{name}")]
+    if not parts:
+        return failures
+    try:
+        collected = reduce(lambda x, y: x.unionAll(y), parts).collect()
+    except Exception:  # noqa: BLE001
+        if len(parts) == 2:
+            raise
+        for name in [n for n in pairs if n not in failures]:
+            try:
+                failures.update(check_many(spark, st, {name: pairs[name]}, context))
+            except Exception as e:  # noqa: BLE001
+                failures[name] = f"stream table {name!r}: comparing failed: {type(e).__name__}: {e}"
+        return failures
+    rows: dict[str, list[Row]] = {}
+    for r in collected:
+        rows.setdefault(r["tag"], []).append(_decode(r["j"]))
+    for name in meta:
+        if name in failures:
+            continue
+        exp, act = rows.get(f"e:{name}", []), rows.get(f"a:{name}", [])
+        missing, extra = compare_rows(exp, act)
+        if missing or extra:
+            failures[name] = (context + "\n" if context else "") + format_diff(
+                name, meta[name][1], missing, extra, len(exp), len(act)
+            ) + f"\n  query: {pairs[name]}"
+    return failures
+
+
+def assert_matches(spark: SparkSession, st: Any, name: str, query: str, context: str = "") -> None:
+    """Assert ``st.read(name)`` equals ``spark.sql(query)`` as a multiset (floats to ~6 digits)."""
+    failures = check_many(spark, st, {name: query}, context)
+    if failures:
+        raise AssertionError(failures[name])
+
+
+# --------------------------------------------------------------------------------------------------
+# The driver
+# --------------------------------------------------------------------------------------------------
+
+_PH = re.compile(r"\{(\w+)\}")
+
+
+def render(query: str, mapping: Mapping[str, str]) -> str:
+    """Replace ``{name}`` placeholders; an unknown placeholder is a bug in the test, so raise."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1) not in mapping:
+            raise KeyError(f"unknown placeholder {{{m.group(1)}}} in {query!r}")
+        return mapping[m.group(1)]
+
+    return _PH.sub(sub, query)
+
+
+def _frontier_version(frontier: Mapping[str, Any] | None, real: str) -> Any:
+    """Find a source in a frontier whatever qualification the engine uses (``spark_catalog.default.x``)."""
+    for k, v in (frontier or {}).items():
+        if str(k).replace("`", "").lower().split(".")[-1] == real.lower():
+            return v
+    return None
+
+
+def oracle_seed(default: int) -> int:
+    """``TRICKLE_ORACLE_SEED`` overrides the test's fixed seed (``random`` draws a fresh one)."""
+    env = os.environ.get("TRICKLE_ORACLE_SEED")
+    if not env:
+        return default
+    return random.randrange(1, 10**9) if env == "random" else int(env)
+
+
+def run_oracle(
+    spark: SparkSession,
+    st: Any,
+    sources_spec: Sequence[TableSpec],
+    queries: Mapping[str, str],
+    cycles: int = 20,
+    mode: str = "DIFFERENTIAL",
+    seed: int = 1,
+    churn: Sequence[Churn] = (),
+    extremes: Sequence[Extreme] = (),
+    empty_cycle: int | None = 2,
+    max_extra_cycles: int = 8,
+) -> dict[str, Counter[str]]:
+    """Create sources and stream tables, then change/refresh/compare until every table saw ``cycles``
+    DIFFERENTIAL refreshes (or ``cycles + max_extra_cycles`` cycles ran).
+
+    Checked per refresh: the action (DIFFERENTIAL iff a source it depends on got a commit, else
+    NO_DATA; an upstream already refreshed by a downstream's cascade must then be NO_DATA and its
+    history must show the cascaded refresh), the frontier of each base source (== its Delta version),
+    and the contents. A failing stream table is reported and dropped from later cycles so the others
+    keep being tested; all failures are raised together at the end, with the seed.
+    """
+    seed = oracle_seed(seed)
+    gen = ChangeGenerator(spark, sources_spec, seed, churn=churn, extremes=extremes)
+    suffix = gen.suffix
+    gen.create()
+    st_real = {n: f"{n}_{suffix}" for n in queries}
+    oracle_view = {n: f"_oracle_q_{n}_{suffix}" for n in queries}
+
+    # dependency bookkeeping: direct base sources, direct upstream stream tables, all base sources
+    deps: dict[str, set[str]] = {}
+    bases: dict[str, set[str]] = {}
+    for n, q in queries.items():
+        refs = set(_PH.findall(q))
+        unknown = refs - set(queries) - set(gen.sources)
+        if unknown:
+            raise KeyError(f"query {n} names unknown placeholders {sorted(unknown)}")
+        deps[n] = refs & set(queries)
+        bases[n] = refs & set(gen.sources)
+    order: list[str] = []  # topological: upstream first
+    while len(order) < len(queries):
+        ready = [n for n in queries if n not in order and deps[n] <= set(order)]
+        if not ready:
+            raise ValueError("cycle among test queries")
+        order += ready
+
+    def all_bases(n: str) -> set[str]:
+        return bases[n].union(*(all_bases(u) for u in deps[n])) if deps[n] else set(bases[n])
+
+    create_map = {**gen.names, **st_real}
+    oracle_map = {**gen.names, **oracle_view}
+    oracle_sql = {n: render(queries[n], oracle_map) for n in queries}
+    for n in order:  # the oracle of a downstream table reads the upstream's *query*, not its table
+        spark.sql(f"CREATE OR REPLACE TEMP VIEW {oracle_view[n]} AS {oracle_sql[n]}")
+
+    header = f"[oracle seed={seed} suffix={suffix} mode={mode}]"
+    failures: dict[str, str] = {}
+    prev_frontier: dict[str, dict[str, Any]] = {}
+    for n in order:
+        t0 = time.time()
+        st.create_stream_table(st_real[n], render(queries[n], create_map), refresh_mode=mode)
+        print(f"{header} created {n} in {time.time() - t0:.1f}s")
+    for s in st.status():
+        for n, real in st_real.items():
+            if str(s.get("name", "")).lower() == real.lower():
+                prev_frontier[n] = dict(s.get("frontier") or {})
+    failures.update(
+        {
+            _logical(k, st_real): f"{header} after create (initial load):\n{v}"
+            for k, v in check_many(spark, st, {st_real[n]: oracle_sql[n] for n in order}).items()
+        }
+    )
+
+    actions: dict[str, Counter[str]] = {n: Counter() for n in queries}
+
+    def productive(n: str) -> int:
+        return actions[n]["DIFFERENTIAL"] + (actions[n]["FULL"] if mode != "DIFFERENTIAL" else 0)
+
+    refresh_order = list(reversed(order))  # downstream first: it must bring its upstream along
+    max_cycles = cycles + max_extra_cycles
+    cycle = 0
+    while cycle < max_cycles:
+        alive = [n for n in queries if n not in failures and not (deps[n] & set(failures))]
+        if not alive or all(productive(n) >= cycles for n in alive if bases[n]):
+            break
+        cycle += 1
+        t0 = time.time()
+        changed = gen.cycle(empty=(cycle == empty_cycle))
+        t_merge = time.time() - t0
+        where = f"{header} cycle {cycle} (changed sources: {sorted(changed) or 'none'})"
+        cascaded: set[str] = set()
+        refreshed: list[str] = []
+        for n in refresh_order:
+            if n not in alive:
+                continue
+            touched = all_bases(n) & changed
+            try:
+                r = st.refresh_stream_table(st_real[n])
+            except Exception as e:  # noqa: BLE001 - an engine error is a test failure for this table
+                failures[n] = f"{where}: refresh of {n} raised {type(e).__name__}: {e}\n  query: {queries[n]}"
+                continue
+            actions[n][r.action] += 1
+            frontier = dict(r.frontier or {})
+            if n in cascaded:
+                expected = {"NO_DATA"}
+                why = "its downstream's refresh in this cycle should already have brought it up to date"
+            elif not touched:
+                expected = {"NO_DATA"}
+                why = "no source it depends on changed"
+            elif bases[n] & changed:
+                expected = {"DIFFERENTIAL"} if mode == "DIFFERENTIAL" else {"DIFFERENTIAL", "FULL"}
+                why = f"sources {sorted(bases[n] & changed)} got a commit"
+            else:  # only upstream stream tables can have changed: did their Delta version move?
+                moved = [
+                    u for u in deps[n]
+                    if _frontier_version(frontier, st_real[u])
+                    != _frontier_version(prev_frontier.get(n), st_real[u])
+                ]
+                expected = {"DIFFERENTIAL"} if moved else {"NO_DATA"}
+                why = f"upstream versions moved: {moved}" if moved else "no upstream version moved"
+            problems = []
+            if r.action not in expected:
+                problems.append(f"action {r.action} (reason {r.reason!r}), expected {sorted(expected)}: {why}")
+            for b in bases[n]:
+                got = _frontier_version(frontier, gen.names[b])
+                if got != gen.versions[b]:
+                    problems.append(
+                        f"frontier[{gen.names[b]}] = {got!r}, but the source is at version {gen.versions[b]}"
+                        f" (frontier: {frontier})"
+                    )
+            if touched and deps[n]:
+                for u in deps[n]:
+                    if u in alive and u not in cascaded:
+                        hist = st.history(st_real[u], limit=1)
+                        last = hist[0].get("action") if hist else None
+                        if all_bases(u) & changed and last not in ("DIFFERENTIAL", "FULL"):
+                            problems.append(
+                                f"upstream {u} was not refreshed by the cascade (its last history action: {last})"
+                            )
+                        cascaded.add(u)
+            if problems:
+                failures[n] = f"{where}: stream table {n}:\n  " + "\n  ".join(problems) + f"\n  query: {queries[n]}"
+                continue
+            prev_frontier[n] = frontier
+            refreshed.append(n)
+        t_refresh = time.time() - t0 - t_merge
+        for real, msg in check_many(spark, st, {st_real[n]: oracle_sql[n] for n in refreshed}, where).items():
+            failures[_logical(real, st_real)] = msg
+        print(
+            f"{where}: merges {t_merge:.1f}s, refreshes {t_refresh:.1f}s, "
+            f"compare {time.time() - t0 - t_merge - t_refresh:.1f}s"
+        )
+    gen.verify_versions()
+    summary = ", ".join(f"{n}: {dict(c)}" for n, c in actions.items())
+    print(f"{header} actions after {cycle} cycles: {summary}")
+    for n in queries:
+        if n not in failures and bases[n] and productive(n) < cycles:
+            failures[n] = (
+                f"{header} {n} saw only {productive(n)} DIFFERENTIAL refreshes in {cycle} "
+                f"cycles (wanted {cycles}): {dict(actions[n])}"
+            )
+    if failures:
+        raise AssertionError(
+            f"{header} {len(failures)} of {len(queries)} stream tables failed "
+            f"(reproduce with TRICKLE_ORACLE_SEED={seed}):\n\n" + "\n\n".join(failures[n] for n in sorted(failures))
+        )
+    return actions
+
+
+def _logical(real: str, st_real: Mapping[str, str]) -> str:
+    for n, r in st_real.items():
+        if r == real:
+            return n
+    return real
