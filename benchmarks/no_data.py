@@ -59,7 +59,7 @@ def main() -> int:
         )
         spark.sql(f"INSERT INTO orders VALUES ({SOURCE_ROWS}, 'c1', 12.50), ({SOURCE_ROWS + 1}, 'new', 3.00)")
         first = st.refresh_stream_table("customer_totals")
-        print(f"first refresh: {first.action} ({first.reason}) in {first.duration_ms} ms")
+        print(f"first refresh: {first.action} ({first.reason}) in {first.duration_ms:.0f} ms")
 
         wall_ms: list[float] = []
         api_ms: list[float] = []
@@ -78,6 +78,13 @@ def main() -> int:
                     f"  {label:<11}  median {statistics.median(values):8.1f} ms"
                     f"   p90 {percentile(values, 90):8.1f} ms   max {max(values):8.1f} ms"
                 )
+
+        # A fast NO_DATA is only worth something if it is not a stale answer: a new source version must
+        # still be seen by the very next refresh.
+        spark.sql(f"INSERT INTO orders VALUES ({SOURCE_ROWS + 2}, 'c2', 1.00)")
+        after = st.refresh_stream_table("customer_totals")
+        assert after.action != "NO_DATA", "a refresh after a source commit must not be NO_DATA"
+        print(f"after one more source commit: {after.action} in {after.duration_ms:.0f} ms (not NO_DATA: ok)")
         return 0
     finally:
         spark.stop()

@@ -16,7 +16,7 @@ from sqlglot.errors import OptimizeError, ParseError
 from sqlglot.optimizer.qualify import qualify
 
 from dvm.errors import QueryError, UnsupportedError
-from dvm.operators import Aggregate, AggCall, Filter, InnerJoin, LeftJoin, Node, Project, Scan, UnionAll
+from dvm.operators import AggCall, Aggregate, Filter, InnerJoin, LeftJoin, Node, Project, Scan, UnionAll
 
 #: functions whose value changes between evaluations: a delta computed with them would not add up
 VOLATILE = {

@@ -67,6 +67,10 @@ def spark_session(
         settings["spark.jars"] = ",".join(jars)
     for k, v in (conf or {}).items():
         settings[str(k)] = str(v)
+    if settings.get("spark.master", "").startswith("local"):
+        # stay on loopback: no lookup of the machine's own name, nothing exposed on the network
+        settings.setdefault("spark.driver.host", "127.0.0.1")
+        settings.setdefault("spark.driver.bindAddress", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name)
     for k, v in settings.items():
         builder = builder.config(k, v)

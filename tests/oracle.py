@@ -739,6 +739,7 @@ def run_oracle(
                 r = st.refresh_stream_table(st_real[n])
             except Exception as e:  # noqa: BLE001 - an engine error is a test failure for this table
                 failures[n] = f"{where}: refresh of {n} raised {type(e).__name__}: {e}\n  query: {queries[n]}"
+                print(f"FAILURE {failures[n]}")
                 continue
             actions[n][r.action] += 1
             frontier = dict(r.frontier or {})
@@ -781,12 +782,15 @@ def run_oracle(
                         cascaded.add(u)
             if problems:
                 failures[n] = f"{where}: stream table {n}:\n  " + "\n  ".join(problems) + f"\n  query: {queries[n]}"
+                print(f"FAILURE {failures[n]}")
                 continue
             prev_frontier[n] = frontier
-            refreshed.append(n)
+            if touched or n in cascaded:  # an untouched NO_DATA table cannot have changed: skip the job
+                refreshed.append(n)
         t_refresh = time.time() - t0 - t_merge
         for real, msg in check_many(spark, st, {st_real[n]: oracle_sql[n] for n in refreshed}, where).items():
             failures[_logical(real, st_real)] = msg
+            print(f"FAILURE {msg}")
         print(
             f"{where}: merges {t_merge:.1f}s, refreshes {t_refresh:.1f}s, "
             f"compare {time.time() - t0 - t_merge - t_refresh:.1f}s"

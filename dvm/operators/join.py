@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dvm.context import Context, State
-from dvm.operators.base import W, Node, col_list, union_all
+from dvm.operators.base import Node, W, col_list, union_all
 
 
 def join_sql(left: str, right: str, kind: str, condition: exp.Expression | None, select: str) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dvm.context import Context, State, quote
-from dvm.operators.base import W, Node, col_list, null_safe_match, union_all
+from dvm.operators.base import Node, W, col_list, null_safe_match, union_all
 from dvm.operators.join import join_sql
 
 

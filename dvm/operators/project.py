@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dvm.context import Context, State, quote
-from dvm.operators.base import W, Node
+from dvm.operators.base import Node, W
 
 
 @dataclass(eq=False)

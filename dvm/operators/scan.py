@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dvm.context import Context, State, quote
-from dvm.operators.base import W, Node, col_list
+from dvm.operators.base import Node, W, col_list
 
 
 @dataclass(eq=False)

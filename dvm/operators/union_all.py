@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dvm.context import Context, State, quote
-from dvm.operators.base import W, Node, union_all
+from dvm.operators.base import Node, W, union_all
 
 
 @dataclass(eq=False)
