@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import ConfigError, TrickleError
+from pipeline.errors import CatalogError, ConfigError, TrickleError
 
 if TYPE_CHECKING:  # only for type hints; importing these at runtime would start nothing but costs time
     from pyspark.sql import SparkSession
@@ -248,10 +248,30 @@ def _open(
     spark = spark_session(
         app_name=app_name, warehouse=warehouse, conf=conf.spark if conf else None, log_level=log_level
     )
+    _quiet_query_context_loggers(log_level)
     st = StreamTables(spark)
     if register_sources:
         register_warehouse_tables(spark, warehouse)
     return spark, st
+
+
+def _quiet_query_context_loggers(log_level: str) -> None:
+    """Silence pyspark's query-context loggers unless the user asked for INFO/DEBUG.
+
+    pyspark logs every AnalysisException (with the JVM stack, as one JSON line) the moment it is raised,
+    even when the API catches it and raises a clean QueryError. The CLI prints that QueryError as
+    ``error: ...``; a screenful of JSON before it would bury the message.
+    """
+    if log_level.upper() in ("ALL", "TRACE", "DEBUG", "INFO"):
+        return
+    import logging
+
+    from pyspark.logger import PySparkLogger
+
+    # Created through PySparkLogger so that pyspark's own calls (which pass extra keyword arguments)
+    # still find a PySparkLogger under these names.
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def register_warehouse_tables(spark: SparkSession, warehouse: Path) -> list[str]:
@@ -367,6 +387,8 @@ def _cmd_status(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | 
 
 def _cmd_history(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
     rows = st.history(args.name, limit=args.limit)
+    if not rows and _status_of(st, args.name) is None:
+        raise CatalogError(f"stream table {args.name!r} does not exist")
     if args.json:
         _print_json(rows)
     elif not rows:
