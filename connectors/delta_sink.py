@@ -8,15 +8,12 @@ updated is recovered by reading the record back (see :mod:`pipeline.refresh`), a
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
 from connectors.delta_log import TRICKLE_KEY, DeltaLog
 from dvm.context import quote
 
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-#: the userMetadata setting is per session; commits from concurrent refreshes take turns setting it
-_commit_lock = threading.Lock()
 
 
 def _metadata(record: dict[str, Any]) -> str:
@@ -24,12 +21,12 @@ def _metadata(record: dict[str, Any]) -> str:
 
 
 def _with_metadata(spark: Any, record: dict[str, Any], statement: str) -> None:
-    with _commit_lock:
-        spark.conf.set(_USER_METADATA, _metadata(record))
-        try:
-            spark.sql(statement)
-        finally:
-            spark.conf.unset(_USER_METADATA)
+    """Run ``statement`` so that its commit carries ``record``. The userMetadata setting is per session,
+    so each commit gets its own light-weight session (same SparkContext): concurrent refreshes of
+    different stream tables never see each other's record."""
+    session = spark.newSession()
+    session.conf.set(_USER_METADATA, _metadata(record))
+    session.sql(statement)
 
 
 def merge(spark: Any, path: str, statement: str, record: dict[str, Any]) -> dict[str, int]:

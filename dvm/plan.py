@@ -31,6 +31,37 @@ DEL = "__del"
 DW = "__dw"
 
 
+FLOATING = ("double", "float")
+
+
+def _canonical(col: str, ty: str) -> str:
+    """The identity of a value for ``__row_id``. Floating values are identified by 12 significant
+    digits: a SUM over doubles recomputed in another order can differ in its last bits, and the row it
+    must delete has to be found all the same."""
+    if ty.lower() in FLOATING:
+        return f"format_string('%.12g', {col} + 0.0)"
+    return col
+
+
+def bag_rows_sql(inner: str, names: list[str], types: list[str], weight: str | None) -> str:
+    """Consolidate a bag (``weight`` None: count rows) or Z-set (``weight``: sum it) on the user columns
+    into one row per distinct tuple, with its ``__row_id`` and multiplicity (``__mult`` or ``__dw``)."""
+    keys, picks = [], []
+    for n, ty in zip(names, types, strict=True):
+        q = quote(n)
+        if ty.lower() in FLOATING:
+            keys.append(_canonical(q, ty))
+            picks.append(f"MAX({q}) AS {q}")
+        else:
+            keys.append(q)
+            picks.append(q)
+    group = ", ".join(keys)
+    if weight is None:
+        return f"SELECT {', '.join(picks)}, xxhash64({group}) AS {ROW_ID}, COUNT(*) AS {MULT} FROM ({inner}) GROUP BY {group}"
+    return (f"SELECT {', '.join(picks)}, xxhash64({group}) AS {ROW_ID}, SUM({weight}) AS {DW} FROM ({inner}) "
+            f"GROUP BY {group} HAVING SUM({weight}) <> 0")
+
+
 @dataclass
 class KeyedTop:
     agg: Aggregate
@@ -126,11 +157,9 @@ class Plan:
     def full_sql(self, ctx: Context, types: list[str]) -> str:
         """Every stored row (user and hidden columns) of the stream table at the post frontier."""
         if self.keyed is None:
-            users = col_list(self.names)
             cast = ", ".join(f"CAST({quote(i)} AS {ty}) AS {quote(n)}"
                              for i, n, ty in zip(self.root.cols, self.names, types, strict=True))
-            return (f"SELECT {users}, xxhash64({users}) AS {ROW_ID}, COUNT(*) AS {MULT} FROM ("
-                    f"SELECT {cast} FROM ({self.root.snapshot(ctx, 'post')})) GROUP BY {users}")
+            return bag_rows_sql(f"SELECT {cast} FROM ({self.root.snapshot(ctx, 'post')})", self.names, types, None)
         k = self.keyed
         agg = k.agg
         state = f"SELECT {self._full_state_select()} FROM ({agg.child.snapshot(ctx, 'post')}){agg.group_by()}"
@@ -146,11 +175,9 @@ class Plan:
             d = self.root.delta(ctx)
             if d is None:
                 return None
-            users = col_list(self.names)
             cast = ", ".join(f"CAST({quote(i)} AS {ty}) AS {quote(n)}"
                              for i, n, ty in zip(self.root.cols, self.names, types, strict=True))
-            return (f"SELECT {users}, xxhash64({users}) AS {ROW_ID}, SUM({W}) AS {DW} FROM ("
-                    f"SELECT {cast}, {W} FROM ({d})) GROUP BY {users} HAVING SUM({W}) <> 0")
+            return bag_rows_sql(f"SELECT {cast}, {W} FROM ({d})", self.names, types, W)
         fin = self._rescan_groups(ctx) if self.keyed.having is not None else self._algebraic(ctx)
         if fin is None:
             return None

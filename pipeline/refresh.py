@@ -15,6 +15,7 @@ Frontier protocol (why a crash never loses or double-applies a change):
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 import uuid
@@ -26,6 +27,7 @@ import dvm
 from connectors import delta_sink
 from connectors.delta_log import DeltaLog
 from dvm.context import Context, SourceRef, quote
+from dvm.plan import bag_rows_sql
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.errors import RefreshError, SourceError, UnsupportedError
 
@@ -60,6 +62,13 @@ class Refresher:
         self.strict = strict
         self._plans: dict[tuple[str, str], dvm.Plan | None] = {}
         self.after_commit: AfterCommit = _after_commit
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def lock(self, name: str) -> threading.Lock:
+        """One refresh at a time per stream table (manual calls, the scheduler and streaming batches)."""
+        with self._locks_guard:
+            return self._locks.setdefault(name, threading.Lock())
 
     # --- plans ---
 
@@ -96,14 +105,15 @@ class Refresher:
             if src.kind == "stream_table" and key not in seen:
                 self.refresh(key, seen)
                 seen.add(key)
-        started = time.time()
-        t0 = time.perf_counter()
-        try:
-            result = self._refresh(d, started, t0)
-        except Exception as e:
-            self._record_error(d, started, t0, e)
-            raise
-        return result
+        with self.lock(name):
+            d = self.catalog.get(name)
+            started = time.time()
+            t0 = time.perf_counter()
+            try:
+                return self._refresh(d, started, t0)
+            except Exception as e:
+                self._record_error(d, started, t0, e)
+                raise
 
     def _committed(self, d: StreamTableDef) -> tuple[dict[str, int] | None, dict[str, Any] | None]:
         found = DeltaLog(self.spark, d.path).last_trickle_commit()
@@ -188,10 +198,8 @@ class Refresher:
         ctx = self.context(d, None, post)
         if plan is not None:
             return plan.full_sql(ctx, d.types)
-        users = ", ".join(quote(n) for n in d.names)
         pinned = dvm.parser.pin_sources(d.query, self.from_items(d, post), d.dialect)
-        return (f"SELECT {users}, xxhash64({users}) AS __row_id, COUNT(*) AS __mult FROM ({pinned}) "
-                f"GROUP BY {users}")
+        return bag_rows_sql(pinned, d.names, d.types, None)
 
     def from_items(self, d: StreamTableDef, post: dict[str, int]) -> dict[str, str]:
         """FROM items reading each source at ``post``; stream tables show only their user columns."""
