@@ -259,7 +259,8 @@ class Plan:
         lines: list[str] = []
 
         def walk(n: Node, depth: int) -> None:
-            lines.append("  " * depth + f"{n.label()}    -- {n.strategy()}")
+            how = self.keyed.strategy if self.keyed is not None and n is self.keyed.agg else n.strategy()
+            lines.append("  " * depth + f"{n.label()}    -- {how}")
             for c in n.children:
                 walk(c, depth + 1)
 

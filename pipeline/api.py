@@ -200,7 +200,10 @@ class StreamTables:
         return out
 
     def history(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
-        return self.catalog.history(validate_name(name), limit)
+        key = validate_name(name)
+        if not self.catalog.exists(key):
+            raise CatalogError(f"stream table {key} does not exist")
+        return self.catalog.history(key, limit)
 
     def explain(self, name_or_query: str) -> str:
         """The operator tree, how each operator is maintained, and the delta SQL — before anything runs."""
