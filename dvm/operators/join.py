@@ -24,10 +24,13 @@ def join_sql(left: str, right: str, kind: str, condition: exp.Expression | None,
 
 
 @dataclass(eq=False)
-class InnerJoin(Node):
+class BinaryJoin(Node):
+    """What every two-input join shares: its inputs, its ON condition and its snapshot."""
+
     left: Node
     right: Node
     condition: exp.Expression | None
+    kind = "INNER"
 
     def __post_init__(self) -> None:
         self.children = [self.left, self.right]
@@ -35,9 +38,16 @@ class InnerJoin(Node):
 
     def snapshot(self, ctx: Context, state: State) -> str:
         return join_sql(
-            self.left.snapshot(ctx, state), self.right.snapshot(ctx, state), "INNER", self.condition,
+            self.left.snapshot(ctx, state), self.right.snapshot(ctx, state), self.kind, self.condition,
             col_list(self.cols),
         )
+
+    def on_sql(self) -> str:
+        return self.condition.sql(dialect="spark") if self.condition is not None else "TRUE"
+
+
+@dataclass(eq=False)
+class InnerJoin(BinaryJoin):
 
     def delta(self, ctx: Context) -> str | None:
         parts = []
@@ -52,5 +62,4 @@ class InnerJoin(Node):
         return union_all(parts)
 
     def label(self) -> str:
-        cond = self.condition.sql(dialect="spark") if self.condition is not None else "TRUE"
-        return f"InnerJoin ON {cond}"
+        return f"InnerJoin ON {self.on_sql()}"

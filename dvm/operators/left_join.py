@@ -15,33 +15,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlglot import exp
-
 from dvm.context import Context, State, quote
-from dvm.operators.base import Node, W, col_list, null_safe_match, union_all
-from dvm.operators.join import join_sql
+from dvm.operators.base import W, col_list, null_safe_match, union_all
+from dvm.operators.join import BinaryJoin, join_sql
 
 
 @dataclass(eq=False)
-class LeftJoin(Node):
-    left: Node
-    right: Node
-    condition: exp.Expression | None
-
-    def __post_init__(self) -> None:
-        self.children = [self.left, self.right]
-        self.cols = self.left.cols + self.right.cols
-
-    def snapshot(self, ctx: Context, state: State) -> str:
-        return join_sql(
-            self.left.snapshot(ctx, state), self.right.snapshot(ctx, state), "LEFT OUTER", self.condition,
-            col_list(self.cols),
-        )
+class LeftJoin(BinaryJoin):
+    kind = "LEFT OUTER"
 
     def _affected(self, ctx: Context, state: State, dl: str | None, dr: str) -> str:
         """σ_P L_state: left rows whose tuple is in ΔL or that match a row of ΔR, as a bag."""
         lstate = self.left.snapshot(ctx, state)
-        on = self.condition.sql(dialect="spark") if self.condition is not None else "TRUE"
+        on = self.on_sql()
 
         def by_right(src: str) -> str:
             return f"SELECT {col_list(self.left.cols, '__a.')} FROM ({src}) __a LEFT SEMI JOIN ({dr}) __e ON {on}"
@@ -76,5 +62,4 @@ class LeftJoin(Node):
         return "incremental (affected left rows re-joined when the right side changes)"
 
     def label(self) -> str:
-        cond = self.condition.sql(dialect="spark") if self.condition is not None else "TRUE"
-        return f"LeftJoin ON {cond}"
+        return f"LeftJoin ON {self.on_sql()}"
