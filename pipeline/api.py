@@ -99,7 +99,11 @@ class StreamTables:
             raise CatalogError(f"a table named {key} already exists and is not a stream table")
         sources: dict[str, SourceInfo] = {}
         schemas: dict[str, list[tuple[str, str]]] = {}
-        for src_key in dvm.source_keys(query):
+        try:
+            keys = dvm.source_keys(query)
+        except QueryError as e:
+            raise QueryError(f"stream table {key}: {e}") from None
+        for src_key in keys:
             sources[src_key], schemas[src_key] = self._resolve_source(src_key, key)
         path = self.catalog.table_path(key)
         latest = {k: DeltaLog(self.spark, s.path).latest_version() or 0 for k, s in sources.items()}

@@ -23,26 +23,13 @@ for _p in (str(PROJECT_ROOT), str(TESTS_DIR)):  # `pipeline` and the `oracle` he
 from oracle import unique_suffix  # noqa: E402
 
 
-def _spark_session_fn() -> Callable[..., Any]:
-    """``pipeline.session.spark_session``; loaded by path if ``pipeline/__init__`` cannot import yet."""
-    try:
-        from pipeline.session import spark_session
-    except ImportError:  # the package __init__ imports pipeline.api, which may still be in progress
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("_trickle_session", PROJECT_ROOT / "pipeline" / "session.py")
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        spark_session = mod.spark_session
-    return spark_session
-
-
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The single SparkSession of the run, with its warehouse in a temporary directory."""
     warehouse = tmp_path_factory.mktemp("warehouse")
-    session = _spark_session_fn()(app_name="trickle-tests", warehouse=str(warehouse))
+    from pipeline.session import spark_session
+
+    session = spark_session(app_name="trickle-tests", warehouse=str(warehouse))
     yield session
     session.stop()
 

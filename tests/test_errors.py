@@ -26,12 +26,13 @@ def src(make_source: Callable[..., str]) -> str:
 def _fails_cleanly(
     spark: Any, st: Any, exc: type[Exception], call: Callable[[], object], needles: tuple[str, ...], new: str = ""
 ) -> str:
-    """Run ``call``; assert it raises ``exc`` naming one of ``needles`` and changes nothing."""
+    """Run ``call``; assert it raises ``exc`` naming every one of ``needles`` and changes nothing."""
     before = st.status()
     with pytest.raises(exc) as info:
         call()
     msg = str(info.value)
-    assert any(n.lower() in msg.lower() for n in needles), f"{exc.__name__} message {msg!r} names none of {needles}"
+    missing = [n for n in needles if n.lower() not in msg.lower()]
+    assert not missing, f"{exc.__name__} message {msg!r} does not name {missing}"
     assert st.status() == before, "a failed call changed the catalog"
     if new:
         assert not spark.catalog.tableExists(new), f"failed create left a table {new} in the session catalog"
