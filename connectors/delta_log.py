@@ -75,6 +75,16 @@ class DeltaLog:
         cp = self._read("_last_checkpoint")
         return int(json.loads(cp)["version"]) if cp else None
 
+    def table_size(self, version: int) -> int | None:
+        """Bytes of data files at ``version``, from the commit's checksum file; None when it has none."""
+        text = self._read(f"{version:020d}.crc")
+        if not text:
+            return None
+        try:
+            return int(json.loads(text)["tableSizeBytes"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
     def actions(self, version: int) -> list[dict[str, Any]]:
         text = self._read(f"{version:020d}.json")
         return [json.loads(line) for line in (text or "").splitlines() if line.strip()]

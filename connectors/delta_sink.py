@@ -8,6 +8,7 @@ updated is recovered by reading the record back (see :mod:`pipeline.refresh`), a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from connectors.delta_log import TRICKLE_KEY, DeltaLog
@@ -20,24 +21,62 @@ def _metadata(record: dict[str, Any]) -> str:
     return json.dumps({TRICKLE_KEY: record}, sort_keys=True)
 
 
-def _with_metadata(spark: Any, record: dict[str, Any], statement: str) -> None:
-    """Run ``statement`` so that its commit carries ``record``. The userMetadata setting is per session,
-    so each commit gets its own light-weight session (same SparkContext): concurrent refreshes of
-    different stream tables never see each other's record."""
+def _session(spark: Any, record: dict[str, Any]) -> Any:
+    """A light-weight session (same SparkContext) whose commits carry ``record``. userMetadata is a
+    per-session setting, so concurrent refreshes of different stream tables never see each other's."""
     session = spark.newSession()
     session.conf.set(_USER_METADATA, _metadata(record))
-    session.sql(statement)
+    return session
 
 
-def merge(spark: Any, path: str, statement: str, record: dict[str, Any]) -> dict[str, int]:
-    """Run a MERGE into the stream table; return its row counts. Records the frontier even when the
-    MERGE changed nothing (Delta then writes no commit, so a properties commit carries the record)."""
-    log = DeltaLog(spark, path)
-    before = log.latest_version()
-    _with_metadata(spark, record, statement)
-    after = log.latest_version()
+def _mark(session: Any, path: str, record: dict[str, Any]) -> None:
+    session.sql(
+        f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ('trickle.last_refresh' = '{record['refresh_id']}')"
+    )
+
+
+#: Session settings of a refresh that runs interpreted (see :func:`merge`).
+INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
+def merge(spark: Any, path: str, source_sql: str, statement: Callable[[str], str],
+          record: dict[str, Any], interpreted: bool = False) -> dict[str, int]:
+    """Apply a delta to the stream table with one MERGE; return its row counts.
+
+    The delta is computed ONCE, kept, and counted in the same Spark job: Delta's MERGE reads its source
+    twice (to find the touched files, then to write them), and a delta query re-run means every source
+    snapshot, change feed and join evaluated again. An empty delta skips the MERGE entirely. ``statement``
+    turns the name of the materialised delta into the MERGE statement.
+
+    ``interpreted`` turns Spark's code generation off for this refresh. Compiling generated Java is most
+    of the driver's CPU time in a small refresh (measured: 37% of samples; a refresh over 1000-row tables
+    took 3.7 s instead of 5.4 s without it), and it only pays off when many rows flow through the plan.
+
+    The frontier is recorded even when nothing changed (an empty delta, or a MERGE that wrote no commit):
+    a properties-only commit then carries the record."""
+    session = _session(spark, record)
+    if interpreted:
+        for k, v in INTERPRETED.items():
+            session.conf.set(k, v)
+    # A local checkpoint, not df.cache(): Delta re-caches every cached plan that reads a table it just
+    # wrote, and the delta of an aggregate reads the stream table itself, so a cached delta would be
+    # recomputed (with new Spark jobs) right after the MERGE commits. The count fills the checkpoint.
+    delta = session.sql(source_sql).localCheckpoint(eager=False)
+    try:
+        if delta.count() == 0:
+            _mark(session, path, record)
+            return {"inserted": 0, "updated": 0, "deleted": 0}
+        view = f"__trickle_delta_{record['refresh_id']}"
+        delta.createOrReplaceTempView(view)
+        log = DeltaLog(spark, path)
+        before = log.latest_version()
+        session.sql(statement(f"SELECT * FROM {view}"))
+        session.catalog.dropTempView(view)
+        after = log.latest_version()
+    finally:
+        _release(delta)
     if after == before:
-        mark_frontier(spark, path, record)
+        _mark(session, path, record)
         return {"inserted": 0, "updated": 0, "deleted": 0}
     m = log.commit_info(after).get("operationMetrics", {}) if after is not None else {}
     return {
@@ -47,28 +86,37 @@ def merge(spark: Any, path: str, statement: str, record: dict[str, Any]) -> dict
     }
 
 
+def _release(checkpointed: Any) -> None:
+    """Free a local checkpoint's blocks now instead of whenever the JVM garbage-collects its RDD."""
+    try:
+        checkpointed._jdf.queryExecution().analyzed().rdd().unpersist(False)
+    except Exception:  # noqa: BLE001 - only an optimisation; the context cleaner frees them eventually
+        pass
+
+
 def mark_frontier(spark: Any, path: str, record: dict[str, Any]) -> None:
     """A commit that changes no data, only to record a refresh that found an empty delta."""
-    _with_metadata(
-        spark, record,
-        f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ('trickle.last_refresh' = '{record['refresh_id']}')",
-    )
+    _mark(_session(spark, record), path, record)
 
 
 def overwrite(spark: Any, df: Any, path: str, record: dict[str, Any]) -> dict[str, int]:
     """Replace the stream table's contents (FULL / REINITIALIZE); creates it, with CDF on, if missing."""
     log = DeltaLog(spark, path)
-    before = log.latest_version()
-    old_rows = _row_count(log, before)
     (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
        .option("delta.enableChangeDataFeed", "true").option("userMetadata", _metadata(record)).save(path))
     after = log.latest_version()
-    m = log.commit_info(after).get("operationMetrics", {}) if after is not None else {}
-    return {"inserted": int(m.get("numOutputRows", 0)), "updated": 0, "deleted": old_rows}
+    if after is None:
+        return {"inserted": 0, "updated": 0, "deleted": 0}
+    actions = log.actions(after)
+    m = next((a["commitInfo"] for a in actions if "commitInfo" in a), {}).get("operationMetrics", {})
+    return {"inserted": int(m.get("numOutputRows", 0)), "updated": 0, "deleted": _removed_rows(actions)}
 
 
-def _row_count(log: DeltaLog, version: int | None) -> int:
-    """Rows the table holds before a FULL replaces them (Delta answers COUNT(*) from file statistics)."""
-    if version is None:
-        return 0
-    return int(log.spark.read.format("delta").load(log.path).count())
+def _removed_rows(actions: list[dict[str, Any]]) -> int:
+    """Rows the overwrite removed, from the statistics its remove actions carry: no Spark job."""
+    total = 0
+    for a in actions:
+        stats = (a.get("remove") or {}).get("stats")
+        if stats:
+            total += int(json.loads(stats).get("numRecords", 0))
+    return total

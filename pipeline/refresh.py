@@ -48,6 +48,10 @@ class RefreshResult:
     recovered: bool = False
 
 
+#: Spark conf: differential refreshes over less data than this many bytes run interpreted (no codegen).
+INTERPRETED_BELOW = "trickle.refresh.interpretedBelowBytes"
+
+
 def _after_commit(name: str) -> None:
     """Test hook: called between the stream table's commit and the catalog update."""
 
@@ -191,7 +195,26 @@ class Refresher:
         if src is None:
             delta_sink.mark_frontier(self.spark, d.path, record)
             return {"inserted": 0, "updated": 0, "deleted": 0}
-        return delta_sink.merge(self.spark, d.path, plan.merge_statement(f"delta.{quote(d.path)}", src), record)
+        target = f"delta.{quote(d.path)}"
+        return delta_sink.merge(self.spark, d.path, src, lambda rows: plan.merge_statement(target, rows), record,
+                                interpreted=self.small(d, post))
+
+    def small(self, d: StreamTableDef, post: dict[str, int]) -> bool:
+        """Whether a differential refresh should run without code generation: when every table it reads
+        (sources at ``post`` and the stream table itself) is below ``trickle.refresh.interpretedBelowBytes``
+        (default 64 MiB; 0 disables). Sizes come from Delta checksum files, so deciding costs no job."""
+        limit = int(self.spark.conf.get(INTERPRETED_BELOW, str(64 << 20)))
+        if limit <= 0:
+            return False
+        total = 0
+        for path, version in [(src.path, post[key]) for key, src in d.sources.items()] + [(d.path, None)]:
+            log = DeltaLog(self.spark, path)
+            v = version if version is not None else log.latest_version()
+            size = log.table_size(v) if v is not None else None
+            if size is None:
+                return False
+            total += size
+        return total < limit
 
     def full_sql(self, d: StreamTableDef, post: dict[str, int]) -> str:
         plan = self.plan(d)

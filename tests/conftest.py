@@ -7,6 +7,8 @@ two tests creating ``orders`` would collide; suffixing a counter keeps tests ind
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,16 +22,21 @@ for _p in (str(PROJECT_ROOT), str(TESTS_DIR)):  # `pipeline` and the `oracle` he
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from oracle import unique_suffix  # noqa: E402
+from oracle import sql_literal, unique_suffix  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The single SparkSession of the run, with its warehouse in a temporary directory."""
     warehouse = tmp_path_factory.mktemp("warehouse")
+    # The tests' own queries (source changes, the oracle's recomputations) run over tiny tables, where
+    # compiling generated code costs far more than it saves; refreshes decide this for themselves.
+    from connectors.delta_sink import INTERPRETED
     from pipeline.session import spark_session
 
-    session = spark_session(app_name="trickle-tests", warehouse=str(warehouse))
+    # TRICKLE_TEST_SPARK_CONF (a JSON object) adds or overrides settings, e.g. to try JVM options.
+    extra = json.loads(os.environ.get("TRICKLE_TEST_SPARK_CONF", "{}"))
+    session = spark_session(app_name="trickle-tests", warehouse=str(warehouse), conf={**INTERPRETED, **extra})
     yield session
     session.stop()
 
@@ -74,7 +81,8 @@ def make_source(spark: Any, unique_name: Callable[[str], str]) -> Callable[..., 
         props = " TBLPROPERTIES (delta.enableChangeDataFeed = true)" if cdf and using == "delta" else ""
         spark.sql(f"CREATE TABLE {name} ({columns}) USING {using}{props}")
         if rows:
-            spark.createDataFrame(rows, columns).write.insertInto(name)
+            values = ", ".join("(" + ", ".join(sql_literal(v) for v in r) + ")" for r in rows)
+            spark.sql(f"INSERT INTO {name} VALUES {values}")
         return name
 
     return make

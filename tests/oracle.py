@@ -55,6 +55,30 @@ def unique_suffix() -> str:
     return f"{os.getpid() % 10000}_{next(_SUFFIX)}"
 
 
+def sql_literal(value: Any, sql_type: str | None = None) -> str:
+    """A typed Spark SQL literal. Test data goes into tables as ``VALUES`` literals, not through
+    ``createDataFrame``: a local list becomes a Python RDD, whose Python worker processes cost seconds
+    per batch on a 2-core machine. Without ``sql_type`` the literal is untyped (INSERT casts it)."""
+    if value is None:
+        return f"CAST(NULL AS {sql_type})" if sql_type else "NULL"
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, float):
+        return f"CAST('{value!r}' AS {sql_type or 'DOUBLE'})"
+    return f"CAST({value} AS {sql_type})" if sql_type else str(value)
+
+
+def values_sql(rows: Sequence[Row], columns: Sequence[tuple[str, str]]) -> str:
+    """``VALUES`` rows as a FROM item aliased ``s`` with the given (name, SQL type) columns."""
+    body = ", ".join(
+        "(" + ", ".join(sql_literal(v, t) for v, (_, t) in zip(r, columns, strict=True)) + ")" for r in rows
+    )
+    # a subquery, not ``(VALUES ...) AS s(cols)``: MERGE rejects column aliases on its source
+    return f"(SELECT * FROM VALUES {body} AS v({', '.join(n for n, _ in columns)})) s"
+
+
 # --------------------------------------------------------------------------------------------------
 # Source description and random change generation
 # --------------------------------------------------------------------------------------------------
@@ -238,10 +262,7 @@ class ChangeGenerator:
                 initial.append(row)
                 src.add(row)
             if initial:
-                view = f"_oracle_init_{src.real}"
-                self.spark.createDataFrame(initial, self._schema(spec)).createOrReplaceTempView(view)
-                self.spark.sql(f"INSERT INTO {src.real} SELECT * FROM {view}")
-                self.spark.catalog.dropTempView(view)
+                self.spark.sql(f"INSERT INTO {src.real} SELECT * FROM {values_sql(initial, self._columns(spec))}")
                 src.version = 1
         return self.names
 
@@ -281,22 +302,13 @@ class ChangeGenerator:
         return row[1:] if spec.key else row
 
     @staticmethod
-    def _schema(spec: TableSpec, change: bool = False) -> Any:
-        from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
-
-        types = {"int": IntegerType(), "jkey": IntegerType(), "double": DoubleType(), "string": StringType()}
-        cols: list[tuple[str, Any]] = ([(spec.key, IntegerType())] if spec.key else []) + [
-            (c.name, types[c.kind]) for c in spec.cols
-        ]
-        fields = [StructField(n, t, True) for n, t in cols]
-        if change:
-            match = cols[:1] if spec.key else cols
-            fields = (
-                [StructField("op", StringType(), False)]
-                + [StructField(f"o_{n}", t, True) for n, t in match]
-                + fields
-            )
-        return StructType(fields)
+    def _columns(spec: TableSpec, change: bool = False) -> list[tuple[str, str]]:
+        """(name, SQL type) of the table, or of a change batch: op, the match columns' old values, new row."""
+        cols = ([(spec.key, "INT")] if spec.key else []) + [(c.name, c.sql_type()) for c in spec.cols]
+        if not change:
+            return cols
+        match = cols[:1] if spec.key else cols
+        return [("op", "STRING")] + [(f"o_{n}", t) for n, t in match] + cols
 
     def _candidates(self, src: _Source, touched: set[int]) -> list[int]:
         """Rows a new U/D may target: untouched pre-state rows (each target row matched once per MERGE).
@@ -440,21 +452,19 @@ class ChangeGenerator:
             old = (op.old[:width] if spec.key else op.old) if op.old is not None else (None,) * width
             new = op.new if op.new is not None else (None,) * len(cols)
             data.append((op.op, *old, *new))
-        view = f"_oracle_chg_{src.real}"
-        self.spark.createDataFrame(data, self._schema(spec, change=True)).createOrReplaceTempView(view)
         if spec.key:
             on = f"t.{spec.key} = s.o_{spec.key}"
         else:
             on = " AND ".join(f"t.{c} <=> s.o_{c}" for c in cols)
         sets = ", ".join(f"{c} = s.{c}" for c in cols)
         self.spark.sql(
-            f"MERGE INTO {src.real} t USING {view} s ON s.op <> 'I' AND {on} "
+            f"MERGE INTO {src.real} t USING {values_sql(data, self._columns(spec, change=True))} "
+            f"ON s.op <> 'I' AND {on} "
             "WHEN MATCHED AND s.op = 'D' THEN DELETE "
             f"WHEN MATCHED AND s.op = 'U' THEN UPDATE SET {sets} "
             f"WHEN NOT MATCHED AND s.op = 'I' THEN INSERT ({', '.join(cols)}) "
             f"VALUES ({', '.join('s.' + c for c in cols)})"
         )
-        self.spark.catalog.dropTempView(view)
         src.version += 1
         self.log[src.spec.name][src.version] = list(ops)
 

@@ -30,13 +30,15 @@ def test_layouts() -> None:
     assert dvm.compile_query("SELECT e.name FROM emp e JOIN dept d ON e.dept = d.id", SCHEMAS).layout == "bag"
 
 
-def test_join_delta_reads_the_other_sides_pre_state() -> None:
-    """ΔL ⋈ R_pre + L_post ⋈ ΔR: the pre-state is a time-travel read, never the current table."""
+def test_inner_join_delta_reads_post_snapshots_only() -> None:
+    """ΔL ⋈ R_post + L_post ⋈ ΔR − ΔL ⋈ ΔR: no time travel to the pre frontier (a snapshot per version
+    costs a Spark job), and the correction term keeps join-key-change-plus-delete exact."""
     plan = dvm.compile_query("SELECT e.name, d.dname FROM emp e JOIN dept d ON e.dept = d.id", SCHEMAS)
     sql = plan.merge_source_sql(ctx(), ["string", "string"])
     assert sql is not None
-    assert "delta.`/w/dept` VERSION AS OF 8" in sql  # dept before the window, joined with Δemp
-    assert "delta.`/w/emp` VERSION AS OF 5" in sql  # emp after the window, joined with Δdept
+    assert "delta.`/w/dept` VERSION AS OF 9" in sql and "delta.`/w/emp` VERSION AS OF 5" in sql
+    assert "VERSION AS OF 8" not in sql and "VERSION AS OF 4" not in sql
+    assert "-(__l.__w * __r.__w)" in sql  # the ΔL ⋈ ΔR correction
     assert "table_changes_by_path('/w/emp', 5, 5)" in sql
     assert "table_changes_by_path('/w/dept', 9, 9)" in sql
 

@@ -64,6 +64,14 @@ def null_safe_match(left: str, right: str, pairs: list[tuple[str, str]]) -> str:
     return " AND ".join(f"{left}.{quote(a)} <=> {right}.{quote(b)}" for a, b in pairs)
 
 
+def consolidate(sql: str, cols: list[str]) -> str:
+    """Net a Z-set: one row per distinct tuple with the sum of its weights, zero-weight tuples dropped.
+    Rules whose output can hold a +n and a -n copy of the same tuple must net it before an operator that
+    reads insertions and deletions separately (MIN/MAX treat every positive row as an inserted value)."""
+    group = col_list(cols)
+    return f"SELECT {group}, SUM({W}) AS {W} FROM ({sql}) GROUP BY {group} HAVING SUM({W}) <> 0"
+
+
 def union_all(parts: list[str]) -> str | None:
     parts = [p for p in parts if p]
     if not parts:

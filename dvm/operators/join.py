@@ -1,11 +1,14 @@
 """Inner join (equi, non-equi, cross; 3+ tables as nested binary joins).
 
-Delta rule (Z-sets, bilinear):  Δ(L ⋈ R) = ΔL ⋈ R_pre  +  L_post ⋈ ΔR.
+Delta rule (Z-sets, bilinear):  Δ(L ⋈ R) = ΔL ⋈ R_post  +  L_post ⋈ ΔR  −  ΔL ⋈ ΔR.
 
-The pre-state of the other side comes from Delta time travel, never from the current table: the rule is
-exact when in one window a row's join key changes *and* its old partner is deleted, the case that breaks
-systems which read the other side's current state for deletions. A side that did not change drops its
-term, so a change to only one table costs one join of its delta against the other side.
+This is the textbook ΔL ⋈ R_pre + L_post ⋈ ΔR with R_pre written as R_post − ΔR, so it stays exact when in
+one window a row's join key changes *and* its old partner is deleted (the case that breaks systems which
+join deletions against the other side's *current* state without the correction term). Why not read R_pre
+by time travel: every snapshot of a Delta table at a new version costs a state-reconstruction Spark job,
+and the post snapshot is shared with every other read of the refresh, while a pre snapshot never is. A side
+that did not change drops its terms, so a change to only one table costs one join of its delta against
+the other side.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dvm.context import Context, State
-from dvm.operators.base import Node, W, col_list, union_all
+from dvm.operators.base import Node, W, col_list, consolidate, union_all
 
 
 def join_sql(left: str, right: str, kind: str, condition: exp.Expression | None, select: str) -> str:
@@ -52,14 +55,19 @@ class InnerJoin(BinaryJoin):
     def delta(self, ctx: Context) -> str | None:
         parts = []
         dl = self.left.delta(ctx)
-        if dl is not None:
-            parts.append(join_sql(dl, self.right.snapshot(ctx, "pre"), "INNER", self.condition,
-                                  f"{col_list(self.cols)}, __l.{W}"))
         dr = self.right.delta(ctx)
+        if dl is not None:
+            parts.append(join_sql(dl, self.right.snapshot(ctx, "post"), "INNER", self.condition,
+                                  f"{col_list(self.cols)}, __l.{W}"))
         if dr is not None:
             parts.append(join_sql(self.left.snapshot(ctx, "post"), dr, "INNER", self.condition,
                                   f"{col_list(self.cols)}, __r.{W}"))
-        return union_all(parts)
+        if dl is None or dr is None:
+            return union_all(parts)
+        # the correction term cancels rows of the other two (a changed row joined with a deleted partner
+        # appears once with +w and once with -w): net them, MIN/MAX above must not see phantom inserts
+        parts.append(join_sql(dl, dr, "INNER", self.condition, f"{col_list(self.cols)}, -(__l.{W} * __r.{W}) AS {W}"))
+        return consolidate(union_all(parts), self.cols)  # type: ignore[arg-type]
 
     def label(self) -> str:
         return f"InnerJoin ON {self.on_sql()}"

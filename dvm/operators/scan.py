@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dvm.context import Context, State, quote
-from dvm.operators.base import Node, W, col_list
+from dvm.operators.base import Node, W, consolidate
 
 
 @dataclass(eq=False)
@@ -52,11 +52,9 @@ class Scan(Node):
         mult = ctx.mult_col(self.source)
         sign = "CASE WHEN _change_type IN ('insert', 'update_postimage') THEN 1 ELSE -1 END"
         weight = f"{sign} * {quote(mult)}" if mult else sign
-        cols = col_list(self.cols)
-        return (
-            f"SELECT {cols}, SUM({W}) AS {W} FROM ("
-            f"SELECT {self._select_list()}, CAST({weight} AS BIGINT) AS {W} FROM {ctx.changes(self.source)}"
-            f") GROUP BY {cols} HAVING SUM({W}) <> 0"
+        return consolidate(
+            f"SELECT {self._select_list()}, CAST({weight} AS BIGINT) AS {W} FROM {ctx.changes(self.source)}",
+            self.cols,
         )
 
     def label(self) -> str:
