@@ -200,17 +200,18 @@ class Refresher:
                                 interpreted=self.small(d, post))
 
     def small(self, d: StreamTableDef, post: dict[str, int]) -> bool:
-        """Whether a differential refresh should run without code generation: when every table it reads
-        (sources at ``post`` and the stream table itself) is below ``trickle.refresh.interpretedBelowBytes``
-        (default 64 MiB; 0 disables). Sizes come from Delta checksum files, so deciding costs no job."""
+        """Whether a differential refresh should run without code generation: when the tables it reads
+        (sources at ``post`` and the stream table itself) hold fewer bytes *together* than
+        ``trickle.refresh.interpretedBelowBytes`` (default 64 MiB; 0 disables). Sizes come from Delta
+        checksum files, so deciding costs no job; a table without one keeps code generation on."""
         limit = int(self.spark.conf.get(INTERPRETED_BELOW, str(64 << 20)))
         if limit <= 0:
             return False
+        reads = [(src.path, post[key]) for key, src in d.sources.items()]
+        reads.append((d.path, DeltaLog(self.spark, d.path).latest_version()))
         total = 0
-        for path, version in [(src.path, post[key]) for key, src in d.sources.items()] + [(d.path, None)]:
-            log = DeltaLog(self.spark, path)
-            v = version if version is not None else log.latest_version()
-            size = log.table_size(v) if v is not None else None
+        for path, version in reads:
+            size = DeltaLog(self.spark, path).table_size(version) if version is not None else None
             if size is None:
                 return False
             total += size

@@ -6,6 +6,7 @@ import pytest
 
 import dvm
 from dvm import Context, QueryError, SourceRef, UnsupportedError
+from dvm.operators.join import InnerJoin
 from dvm.plan import bag_rows_sql
 
 SCHEMAS = {
@@ -41,6 +42,14 @@ def test_inner_join_delta_reads_post_snapshots_only() -> None:
     assert "-(__l.__w * __r.__w)" in sql  # the ΔL ⋈ ΔR correction
     assert "table_changes_by_path('/w/emp', 5, 5)" in sql
     assert "table_changes_by_path('/w/dept', 9, 9)" in sql
+    # with both sides changed the join's delta is netted before anything reads it: an inserted row joined
+    # with a partner deleted in the same window is a +1/-1 pair of a tuple that never existed, which
+    # MIN/MAX above would otherwise take for an inserted value
+    join = next(n for n in plan.root.walk() if isinstance(n, InnerJoin))
+    both = join.delta(ctx())
+    assert both is not None and both.rstrip().endswith("HAVING SUM(__w) <> 0")
+    one = join.delta(ctx(dept_changed=False))
+    assert one is not None and "-(__l.__w * __r.__w)" not in one and not one.rstrip().endswith("<> 0")
 
 
 def test_unchanged_sources_drop_their_terms() -> None:
