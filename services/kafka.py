@@ -1,0 +1,542 @@
+"""A real Apache Kafka broker as a local process, in KRaft mode, for tests and for the local demo.
+
+Why not Docker: the project must run on machines without a container engine, but it already needs a JDK
+and Maven (for the Spark jars). So the broker is Kafka's own server code, fetched once from Maven Central
+by ``services/kafka/pom.xml`` into ``services/kafka/lib`` and run as ``java -cp 'lib/*' kafka.Kafka``.
+A fake or embedded broker would not exercise the real wire protocol, offsets or crash recovery.
+
+Usage::
+
+    with KafkaBroker(tmp_path / "kafka") as broker:      # start(): format storage once, launch, wait
+        broker.create_topic("orders", partitions=3)
+        ...  # produce / consume against broker.bootstrap ("127.0.0.1:<port>")
+
+Everything the broker writes lives in ``workdir``: ``server.properties``, ``log4j2.properties``,
+``broker.log`` (the broker's log4j output), ``broker.out`` (the JVM's own stdout/stderr), ``data/``
+(log.dirs) and ``broker.json`` (the ports, so a restart on the same workdir keeps the same address).
+
+Only the standard library is needed to start and stop the broker; ``kafka-python`` is imported lazily
+for the readiness check and ``create_topic``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["KafkaBroker", "KafkaServiceError", "ensure_kafka_jars"]
+
+HOST = "127.0.0.1"  # loopback only: tests must never expose a broker or depend on host names
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+KAFKA_DIR_REL = Path("services") / "kafka"  # holds pom.xml; lib/ (git-ignored) is fetched next to it
+STAMP_NAME = ".trickle-pom.sha256"  # same stamp name as ./dev uses for jars/lib
+MAIN_CLASS = "kafka.Kafka"
+STORAGE_TOOL_CLASS = "kafka.tools.StorageTool"  # Kafka 4.1: still the Scala tool in kafka_2.13
+# Small heap and the serial collector: the broker shares a 2-core machine with Spark and the test runner.
+# C1-only JIT (TieredStopAtLevel=1) roughly halves the CPU burnt at start-up; test traffic is tiny.
+# The env variables of Kafka's own kafka-run-class.sh override these, as they would for bin/*.sh.
+DEFAULT_HEAP_OPTS = "-Xmx512m -Xms256m"
+DEFAULT_JVM_PERFORMANCE_OPTS = (
+    "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData -Djava.awt.headless=true"
+)
+LOG_TAIL_LINES = 40
+
+
+class KafkaServiceError(RuntimeError):
+    """The local Kafka broker could not be provisioned, started or used."""
+
+
+# --------------------------------------------------------------------------------------------- jars
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _jars_complete(lib: Path, want: str) -> bool:
+    stamp = lib / STAMP_NAME
+    try:
+        return stamp.read_text().strip() == want and any(lib.glob("*.jar"))
+    except OSError:
+        return False
+
+
+def ensure_kafka_jars(project_root: Path | None = None) -> Path:
+    """Return ``services/kafka/lib``, fetching the broker's jars with Maven first if needed.
+
+    Mirrors ``ensure_jars`` in ``./dev``: the fetch runs only when ``lib/`` is missing or its stamp does
+    not hold the sha256 of ``pom.xml`` (so later runs are offline), Maven downloads into ``lib.tmp``
+    which is renamed into place only when complete (an interrupted fetch never looks done), and
+    concurrent callers are serialised with a lock so they do not fetch over each other.
+    """
+    root = Path(project_root) if project_root is not None else PROJECT_ROOT
+    kafka_dir = root / KAFKA_DIR_REL
+    pom = kafka_dir / "pom.xml"
+    lib = kafka_dir / "lib"
+    tmp = kafka_dir / "lib.tmp"
+    if not pom.is_file():
+        raise KafkaServiceError(f"{pom} not found; it lists the Kafka broker jars to fetch.")
+    want = _sha256(pom)
+    if _jars_complete(lib, want):
+        return lib
+    with open(pom, "rb") as lock:  # flock on the pom itself: no extra lock file to clean up or ignore
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if _jars_complete(lib, want):  # another process fetched them while we waited
+                return lib
+            mvn = shutil.which("mvn")
+            if mvn is None:
+                raise KafkaServiceError(
+                    f"mvn (Apache Maven) not found on PATH; it is needed once to fetch the Kafka broker "
+                    f"jars into {lib}."
+                )
+            shutil.rmtree(tmp, ignore_errors=True)
+            # A relative -DoutputDirectory is resolved against the pom's folder, not the cwd.
+            cmd = [
+                mvn,
+                "-B",
+                "-q",
+                "-f",
+                str(pom),
+                "dependency:copy-dependencies",
+                "-DoutputDirectory=lib.tmp",
+            ]
+            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+            if proc.returncode != 0:
+                out = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-LOG_TAIL_LINES:])
+                raise KafkaServiceError(
+                    f"Maven could not fetch the Kafka jars (exit {proc.returncode}); it needs network "
+                    f"access once. Last lines of its output:\n{out}"
+                )
+            if not any(tmp.glob("*.jar")):
+                raise KafkaServiceError(f"Maven ran but put no jars into {tmp}.")
+            (tmp / STAMP_NAME).write_text(want + "\n")
+            shutil.rmtree(lib, ignore_errors=True)
+            tmp.rename(lib)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return lib
+
+
+# ------------------------------------------------------------------------------------------- broker
+
+
+def _java() -> str:
+    """The java executable: $JAVA_HOME/bin/java if set (like Kafka's scripts), else java on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(Path(home) / "bin" / "java", os.X_OK):
+        return str(Path(home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise KafkaServiceError("java not found on PATH (or JAVA_HOME); the Kafka broker needs Java 17+.")
+    return java
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (all sockets held open together so they differ)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _new_cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (what `random-uuid` prints)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+def _tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+    except OSError:
+        return f"(no {path.name})\n"
+
+
+def _error_lines(path: Path, n: int = 10) -> str:
+    """The first n ERROR/FATAL records, each with the first line after it (the exception's message)."""
+    found: list[str] = []
+    take_next = False
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if "] ERROR " in line or "] FATAL " in line:
+                    if len(found) >= 2 * n:
+                        break
+                    found.append(line)
+                    take_next = True
+                elif take_next:
+                    if not line.startswith("["):
+                        found.append("    " + line.lstrip())
+                    take_next = False
+    except OSError:
+        return ""
+    return "".join(found)
+
+
+class KafkaBroker:
+    """One single-node Kafka broker (combined broker + KRaft controller) running as a child process.
+
+    Use it as a context manager, or call ``start()`` / ``stop()``. The JVM runs in its own process group,
+    so signals sent to the test runner's terminal do not hit it and ``stop()``/``kill()`` reach all of it.
+    ``kill()`` is a real ``kill -9`` for crash tests; a later ``start()`` on the same workdir recovers the
+    data like a restarted production broker. A broker still running when the interpreter exits is
+    killed by an ``atexit`` hook so failed tests do not leak JVMs.
+
+    Cost on a busy 2-core machine: about 2 s to format the storage (first start only), 5-8 s to start,
+    under 1 s to stop. A restart after ``kill()`` takes about 4 s more, because the controller rejects
+    the new incarnation until the dead one's broker session (``broker.session.timeout.ms``) expires.
+    """
+
+    def __init__(self, workdir: Path, port: int | None = None, controller_port: int | None = None) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        # Reuse the ports of an earlier run on this workdir: clients (and a demo's saved config) keep
+        # working across restarts, and the KRaft voter record keeps its endpoint.
+        saved = self._saved_ports()
+        want = port if port is not None else saved.get("port")
+        want_controller = controller_port if controller_port is not None else saved.get("controller_port")
+        free: list[int] = []
+        if want is None or want_controller is None:
+            free = [p for p in _free_ports(3) if p not in (want, want_controller)]
+        self.port: int = want if want is not None else free.pop(0)
+        self.controller_port: int = want_controller if want_controller is not None else free.pop(0)
+        if self.port == self.controller_port:
+            raise ValueError(f"port and controller_port must differ (both {self.port})")
+        self.bootstrap: str = f"{HOST}:{self.port}"
+        self.data_dir = self.workdir / "data"
+        self.log_file = self.workdir / "broker.log"
+        self.out_file = self.workdir / "broker.out"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._admin: Any = None
+
+    # -- context manager ------------------------------------------------------------------------
+
+    def __enter__(self) -> KafkaBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"KafkaBroker(bootstrap={self.bootstrap!r}, pid={self.pid}, workdir={str(self.workdir)!r})"
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """The JVM's process id while it runs (None before start and after stop/kill)."""
+        return self._proc.pid if self.is_running() else None
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _saved_ports(self) -> dict[str, int]:
+        try:
+            raw = json.loads((self.workdir / "broker.json").read_text())
+            return {k: int(raw[k]) for k in ("port", "controller_port") if k in raw}
+        except (OSError, ValueError, TypeError):
+            return {}
+
+    # -- configuration --------------------------------------------------------------------------
+
+    def _server_properties(self) -> str:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            # Kafka 4.x dynamic quorum (KIP-853): the storage is formatted with --standalone, which makes
+            # this node the only voter; bootstrap.servers tells it where the controller listens.
+            "controller.quorum.bootstrap.servers": f"{HOST}:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            # A single node: every internal topic must make do with one replica.
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "1",  # default 50: creating them costs seconds on 2 cores
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",  # consumers in tests should not wait 3 s to join
+            "num.partitions": "1",
+            # After a kill -9 the controller refuses the restarted broker (DUPLICATE_BROKER_REGISTRATION)
+            # until the dead incarnation's session expires: 9 s by default, 4 s here. Not lower: a
+            # starved 2-core machine must not fence a live broker for missing heartbeats.
+            "broker.heartbeat.interval.ms": "1000",
+            "broker.session.timeout.ms": "4000",
+            "auto.create.topics.enable": "false",  # a typo in a topic name should fail, not create a topic
+            # Fewer threads than the defaults (3 network, 8 I/O): light on a 2-core machine.
+            "num.network.threads": "2",
+            "num.io.threads": "2",
+            "num.recovery.threads.per.data.dir": "1",
+        }
+        return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _log4j2_properties(self) -> str:
+        # The broker logs to a file in the workdir, never to the console of the test run. The shutdown
+        # hook is off because Kafka logs during its own shutdown hook; with log4j's hook on, those last
+        # lines are lost and log4j complains on stderr.
+        log = str(self.log_file).replace("\\", "/")
+        return (
+            "status = warn\n"
+            "shutdownHook = disable\n"
+            "appender.file.type = File\n"
+            "appender.file.name = FILE\n"
+            f"appender.file.fileName = {log}\n"
+            "appender.file.layout.type = PatternLayout\n"
+            "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = INFO\n"
+            "rootLogger.appenderRef.file.ref = FILE\n"
+            # Per-request and state-change chatter is not useful when reading a failed test's log.
+            "logger.request.name = kafka.request.logger\n"
+            "logger.request.level = WARN\n"
+            "logger.state.name = state.change.logger\n"
+            "logger.state.level = WARN\n"
+        )
+
+    def _jvm_cmd(self, lib: Path, main: str, *args: str) -> list[str]:
+        opts = [
+            *shlex.split(os.environ.get("KAFKA_HEAP_OPTS", DEFAULT_HEAP_OPTS)),
+            *shlex.split(os.environ.get("KAFKA_JVM_PERFORMANCE_OPTS", DEFAULT_JVM_PERFORMANCE_OPTS)),
+            *shlex.split(os.environ.get("KAFKA_OPTS", "")),
+            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+        ]
+        return [_java(), *opts, "-cp", str(lib / "*"), main, *args]
+
+    def _write_config(self) -> Path:
+        server_props = self.workdir / "server.properties"
+        server_props.write_text(self._server_properties())
+        (self.workdir / "log4j2.properties").write_text(self._log4j2_properties())
+        ports = {"port": self.port, "controller_port": self.controller_port}
+        (self.workdir / "broker.json").write_text(json.dumps(ports) + "\n")
+        return server_props
+
+    def _format_storage(self, lib: Path, server_props: Path, timeout_s: float) -> None:
+        """Format log.dirs once (KRaft refuses to start on unformatted storage); later starts reuse it."""
+        if (self.data_dir / "meta.properties").is_file():
+            return
+        cmd = self._jvm_cmd(
+            lib,
+            STORAGE_TOOL_CLASS,
+            "format",
+            "--standalone",
+            "-t",
+            _new_cluster_id(),
+            "-c",
+            str(server_props),
+        )
+        try:
+            proc = subprocess.run(
+                cmd,
+                cwd=self.workdir,
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                timeout=max(timeout_s, 1.0),
+            )
+        except subprocess.TimeoutExpired as e:
+            raise KafkaServiceError(f"formatting Kafka storage in {self.data_dir} timed out") from e
+        if proc.returncode != 0:
+            raise KafkaServiceError(
+                f"formatting Kafka storage failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+                f"--- last lines of {self.log_file.name} ---\n{_tail(self.log_file)}"
+            )
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 60) -> KafkaBroker:
+        """Start the broker and return only once clients can use it (idempotent while running).
+
+        Ready means the PLAINTEXT port accepts connections AND a kafka-python admin client can list the
+        topics: the port opens a little before the broker serves metadata, and tests that start
+        producing at that moment would see spurious errors. On failure the JVM is killed and the error
+        carries the last lines of the broker log.
+        """
+        if self.is_running():
+            return self
+        deadline = time.monotonic() + timeout_s
+        lib = ensure_kafka_jars()
+        server_props = self._write_config()
+        self._format_storage(lib, server_props, deadline - time.monotonic())
+        with open(self.out_file, "ab") as out:  # the child keeps its own copy of the descriptor
+            self._proc = subprocess.Popen(
+                self._jvm_cmd(lib, MAIN_CLASS, str(server_props)),
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: killpg reaches the whole broker
+            )
+        atexit.register(self._kill_at_exit)
+        try:
+            self._wait_ready(deadline)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _wait_ready(self, deadline: float) -> None:
+        last_error: BaseException | None = None
+        while True:
+            proc = self._proc
+            assert proc is not None
+            if proc.poll() is not None:
+                raise KafkaServiceError(
+                    f"the Kafka broker exited with code {proc.returncode} during start-up.\n"
+                    + self._diagnostics()
+                )
+            if _port_open(self.port):
+                try:
+                    self.admin().list_topics()
+                    return
+                except Exception as e:  # noqa: BLE001 - not ready yet; keep the error for the report
+                    last_error = e
+                    self._close_admin()
+            if time.monotonic() >= deadline:
+                why = f" (last client error: {last_error!r})" if last_error else ""
+                raise KafkaServiceError(
+                    f"the Kafka broker on {self.bootstrap} was not ready in time{why}.\n"
+                    + self._diagnostics()
+                )
+            time.sleep(0.2)
+
+    def _diagnostics(self) -> str:
+        # The cause (say "Address already in use") usually precedes a long shutdown sequence, so the
+        # first ERROR/FATAL lines come before the plain tail.
+        errors = _error_lines(self.log_file)
+        text = f"--- first ERROR/FATAL lines of {self.log_file} ---\n{errors}" if errors else ""
+        text += f"--- last {LOG_TAIL_LINES} lines of {self.log_file} ---\n{_tail(self.log_file)}"
+        if self.out_file.is_file() and self.out_file.stat().st_size:
+            text += f"--- last lines of {self.out_file} (JVM stdout/stderr) ---\n{_tail(self.out_file)}"
+        return text
+
+    def stop(self, timeout_s: float = 30) -> None:
+        """Shut down cleanly (SIGTERM runs Kafka's shutdown hook); SIGKILL if it hangs. Idempotent."""
+        self._close_admin()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                proc.wait()
+        self._forget()
+
+    def kill(self) -> None:
+        """``kill -9`` the broker, as a crash would: no shutdown hook, no clean log close. Idempotent."""
+        self._close_admin()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            self._signal(signal.SIGKILL)
+            proc.wait()
+        self._forget()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:  # never signal a reaped pid: it may be reused
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _forget(self) -> None:
+        self._proc = None
+        atexit.unregister(self._kill_at_exit)
+
+    def _kill_at_exit(self) -> None:
+        with contextlib.suppress(Exception):
+            self.kill()
+
+    # -- clients --------------------------------------------------------------------------------
+
+    def admin(self) -> Any:
+        """A cached kafka-python ``KafkaAdminClient`` for this broker (closed by stop/kill)."""
+        if self._admin is None:
+            from kafka.admin import KafkaAdminClient
+
+            wanted = {
+                "bootstrap_servers": self.bootstrap,
+                "client_id": "trickle-kafka-harness",
+                "request_timeout_ms": 10_000,
+                "bootstrap_timeout_ms": 5_000,  # kafka-python 3.x
+                "api_version_auto_timeout_ms": 5_000,  # kafka-python 2.x
+            }
+            # Only the settings this kafka-python version knows: unknown ones raise a config error.
+            config = {k: v for k, v in wanted.items() if k in KafkaAdminClient.DEFAULT_CONFIG}
+            self._admin = KafkaAdminClient(**config)
+        return self._admin
+
+    def _close_admin(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                admin.close()
+
+    def create_topic(
+        self, name: str, partitions: int = 1, *, exist_ok: bool = False, timeout_s: float = 30
+    ) -> None:
+        """Create a topic (replication factor 1) and wait until every partition has a leader.
+
+        Waiting for leaders matters: right after CreateTopics returns, producers may briefly get
+        LEADER_NOT_AVAILABLE, which turns into flaky tests. ``exist_ok`` lets a demo re-run on a kept
+        workdir.
+        """
+        from kafka.admin import NewTopic
+        from kafka.errors import TopicAlreadyExistsError
+
+        try:
+            self.admin().create_topics([NewTopic(name=name, num_partitions=partitions, replication_factor=1)])
+        except TopicAlreadyExistsError:
+            if not exist_ok:
+                raise
+        deadline = time.monotonic() + timeout_s
+        while True:
+            topics = self.admin().describe_topics([name])
+            t = next((t for t in topics if t.get("name", t.get("topic")) == name), None)
+            parts = t.get("partitions", []) if t and not t.get("error_code") else []
+            # kafka-python 3.x names the field leader_id, 2.x leader.
+            if parts and all(
+                p.get("leader_id", p.get("leader", -1)) >= 0 and not p.get("error_code") for p in parts
+            ):
+                return
+            if time.monotonic() >= deadline:
+                raise KafkaServiceError(f"topic {name!r} has no leader for every partition yet: {t!r}")
+            time.sleep(0.1)
