@@ -1,86 +1,254 @@
-"""Load a spark-trickle conf file (YAML) into a small dataclass.
+"""Load a spark-trickle conf file (YAML) into small dataclasses, with strict validation.
 
 One file describes a whole pipeline so that ``trickle run CONF`` (or spark-submit) can bring it up
-without code: the Spark settings, the warehouse, the stream tables and the runtime knobs. This loader is
-deliberately minimal: it checks the shape (known keys, right types) so that a typo fails loudly instead of
-being ignored, and resolves relative paths against the conf file's folder so that a conf file works no
-matter where the command is started from. Full schema validation (schedules, modes, sources, Kafka) is a
-later issue.
+without code: the Spark settings, the warehouse, the sources (Kafka topics in Debezium format, existing
+Delta tables), the stream tables and the runtime knobs. Everything is checked here, before Spark starts,
+because a mistake found after a 20 s JVM start (or, worse, after hours of running) is expensive: unknown
+keys, wrong types, schedules, Spark types of Kafka columns, name clashes. Every error is a
+:class:`~pipeline.errors.ConfigError` whose message starts with the conf file's path, says where the
+problem is (``sources[1] 'orders'``), what the value was and what is accepted.
+
+Relative paths (``warehouse``, ``checkpoints``, a Delta source's ``path``, ``query_file``) are resolved
+against the conf file's folder so that a conf file works no matter where the command is started from.
+An explicit ``null`` means the same as leaving the key out.
 
 Example::
 
     spark:
       spark.sql.shuffle.partitions: 4
     warehouse: ../warehouse          # relative to this file's folder
+    checkpoints: ../checkpoints      # default: <warehouse>/_checkpoints
+    sources:
+      - name: orders
+        kind: kafka
+        topic: shop.public.orders
+        bootstrap_servers: 127.0.0.1:9092
+        columns: {id: BIGINT, customer: STRING, amount: "DECIMAL(10,2)"}
+        key: id
+      - name: departments
+        kind: delta
     stream_tables:
       - name: order_totals
         query: SELECT customer, SUM(amount) AS total FROM orders GROUP BY customer
-        schedule: 30s
-        refresh_mode: AUTO
+        refresh_mode: IMMEDIATE      # no schedule needed
       - name: big_customers
         query_file: sql/big_customers.sql   # relative to this file's folder
+        schedule: "*/5 * * * *"      # quoted: a plain YAML scalar cannot start with '*'
     runtime:
       tick_seconds: 1
+      max_consecutive_errors: 3
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pipeline.errors import ConfigError
+from pipeline.schedule import parse_duration
 
 __all__ = [
     "TOP_LEVEL_KEYS",
     "STREAM_TABLE_KEYS",
     "RUNTIME_KEYS",
+    "KAFKA_SOURCE_KEYS",
+    "DELTA_SOURCE_KEYS",
+    "COLUMN_KEYS",
+    "SOURCE_KINDS",
     "REFRESH_MODES",
+    "STARTING_OFFSETS",
+    "KAFKA_READER_OPTIONS",
+    "SUPPORTED_TYPES",
     "StreamTableSpec",
     "RuntimeSpec",
+    "KafkaSourceSpec",
+    "DeltaSourceSpec",
+    "SourceSpec",
     "TrickleConf",
     "load_conf",
+    "normalize_type",
 ]
 
-TOP_LEVEL_KEYS = frozenset({"spark", "warehouse", "stream_tables", "runtime"})
+TOP_LEVEL_KEYS = frozenset({"spark", "warehouse", "checkpoints", "sources", "stream_tables", "runtime"})
 STREAM_TABLE_KEYS = frozenset({"name", "query", "query_file", "schedule", "refresh_mode"})
-RUNTIME_KEYS = frozenset({"tick_seconds"})
+RUNTIME_KEYS = frozenset(
+    {
+        "tick_seconds",
+        "max_consecutive_errors",
+        "retry_backoff_seconds",
+        "retry_backoff_max_seconds",
+        "scheduler_threads",
+    }
+)
+KAFKA_SOURCE_KEYS = frozenset(
+    {
+        "name",
+        "kind",
+        "topic",
+        "bootstrap_servers",
+        "columns",
+        "key",
+        "dead_letter",
+        "starting_offsets",
+        "kafka_options",
+        "trigger_seconds",
+    }
+)
+DELTA_SOURCE_KEYS = frozenset({"name", "kind", "path"})
+COLUMN_KEYS = frozenset({"name", "type"})
+SOURCE_KINDS = ("kafka", "delta")
 REFRESH_MODES = ("AUTO", "DIFFERENTIAL", "FULL", "IMMEDIATE")
+STARTING_OFFSETS = ("earliest", "latest")
+
+#: Spark Kafka reader options that may be given without the ``kafka.`` prefix (the prefixed ones go to the
+#: Kafka consumer). Value checks keep a typo such as ``failOnDataLoss: flase`` from reaching Spark.
+KAFKA_READER_OPTIONS = frozenset(
+    {"maxOffsetsPerTrigger", "minOffsetsPerTrigger", "failOnDataLoss", "includeHeaders"}
+)
+_BOOL_OPTIONS = frozenset({"failOnDataLoss", "includeHeaders"})
+#: ``kafka.*`` options that another key already sets or that Spark refuses; the hint says what to do.
+_FORBIDDEN_KAFKA_OPTIONS = {
+    "kafka.bootstrap.servers": "use the source's 'bootstrap_servers' key",
+    "kafka.auto.offset.reset": "use the source's 'starting_offsets' key",
+    "kafka.key.deserializer": "Spark always reads keys as bytes",
+    "kafka.value.deserializer": "Spark always reads values as bytes",
+    "kafka.enable.auto.commit": "Spark keeps offsets in its checkpoint, not in Kafka",
+    "kafka.interceptor.classes": "Spark does not support consumer interceptors",
+}
+
+#: What the error message lists: the Spark SQL types the Debezium decoder can fill (aliases in brackets).
+SUPPORTED_TYPES = (
+    "BOOLEAN, TINYINT, SMALLINT, INT (INTEGER), BIGINT (LONG), FLOAT (REAL), DOUBLE, "
+    "DECIMAL(p,s) (NUMERIC(p,s); 1 <= p <= 38, 0 <= s <= p), STRING (VARCHAR(n), CHAR(n)), "
+    "DATE, TIMESTAMP, TIMESTAMP_NTZ, BINARY"
+)
+# Upper-case alias -> canonical name, for types without parameters.
+_SIMPLE_TYPES = {
+    "BOOLEAN": "BOOLEAN",
+    "TINYINT": "TINYINT",
+    "SMALLINT": "SMALLINT",
+    "INT": "INT",
+    "INTEGER": "INT",
+    "BIGINT": "BIGINT",
+    "LONG": "BIGINT",
+    "FLOAT": "FLOAT",
+    "REAL": "FLOAT",
+    "DOUBLE": "DOUBLE",
+    "STRING": "STRING",
+    "DATE": "DATE",
+    "TIMESTAMP": "TIMESTAMP",
+    "TIMESTAMP_NTZ": "TIMESTAMP_NTZ",
+    "BINARY": "BINARY",
+}
+_TYPE_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_QUALIFIED_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?$")
+_SERVER_RE = re.compile(r"^[^\s,:]+:\d{1,5}$")
+_CRON_NICKNAMES = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@annually", "@midnight")
+_SCHEDULE_FORMS = (
+    "a positive duration like 30s, 5m, 1h30m or 2d; a cron expression with 5 or 6 fields like "
+    f"'*/5 * * * *' (quote it in YAML) or one of {', '.join(_CRON_NICKNAMES)}; or CALCULATED"
+)
 
 #: Same defaults as ``StreamTables.create_stream_table`` so that a conf entry and an API call without
 #: options mean the same thing.
 DEFAULT_SCHEDULE = "1m"
 DEFAULT_REFRESH_MODE = "AUTO"
 DEFAULT_TICK_SECONDS = 1.0
+DEFAULT_MAX_CONSECUTIVE_ERRORS = 3
+DEFAULT_RETRY_BACKOFF_SECONDS = 1.0
+DEFAULT_RETRY_BACKOFF_MAX_SECONDS = 300.0
+DEFAULT_SCHEDULER_THREADS = 2
+DEFAULT_STARTING_OFFSETS = "earliest"
+DEFAULT_TRIGGER_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
 class StreamTableSpec:
-    """One stream table declared in a conf file (the query text is already read from ``query_file``)."""
+    """One stream table declared in a conf file (the query text is already read from ``query_file``).
+
+    ``schedule`` is normalised (durations lower case, ``CALCULATED`` upper case, cron as written with single
+    spaces); it is None only for an IMMEDIATE stream table that gave none (it is kept fresh by its
+    streaming query, not by the scheduler).
+    """
 
     name: str
     query: str
-    schedule: str = DEFAULT_SCHEDULE
+    schedule: str | None = DEFAULT_SCHEDULE
     refresh_mode: str = DEFAULT_REFRESH_MODE
 
 
 @dataclass(frozen=True)
 class RuntimeSpec:
-    """Knobs of the long-running job. ``tick_seconds``: how often the run loop looks for due refreshes."""
+    """Knobs of the long-running job.
+
+    ``tick_seconds``: how often the run loop looks for due refreshes. ``max_consecutive_errors``: failed
+    refreshes in a row before a stream table is put in ERROR state (so one broken table stops burning the
+    cluster). ``retry_backoff_seconds`` / ``retry_backoff_max_seconds``: after the n-th failure in a row the
+    next attempt waits ``min(base * 2**(n-1), max)``, so a flapping source is not hammered.
+    ``scheduler_threads``: how many independent stream tables are refreshed at the same time.
+    """
 
     tick_seconds: float = DEFAULT_TICK_SECONDS
+    max_consecutive_errors: int = DEFAULT_MAX_CONSECUTIVE_ERRORS
+    retry_backoff_seconds: float = DEFAULT_RETRY_BACKOFF_SECONDS
+    retry_backoff_max_seconds: float = DEFAULT_RETRY_BACKOFF_MAX_SECONDS
+    scheduler_threads: int = DEFAULT_SCHEDULER_THREADS
+
+
+@dataclass(frozen=True)
+class KafkaSourceSpec:
+    """A Kafka topic of Debezium change events, mirrored into the Delta table ``name``.
+
+    ``columns`` are ``(name, canonical Spark SQL type)`` pairs in table order (the shape
+    :class:`connectors.debezium.SourceSchema` takes); ``key`` is the primary key the mirror is maintained
+    by; ``dead_letter`` is the table that receives events that cannot be decoded (None: the runtime's
+    default); ``kafka_options`` are extra Spark Kafka reader options, values as strings.
+    """
+
+    kind: ClassVar[str] = "kafka"
+
+    name: str
+    topic: str
+    bootstrap_servers: str
+    columns: tuple[tuple[str, str], ...]
+    key: tuple[str, ...]
+    dead_letter: str | None = None
+    starting_offsets: str = DEFAULT_STARTING_OFFSETS
+    kafka_options: dict[str, str] = field(default_factory=dict)
+    trigger_seconds: float = DEFAULT_TRIGGER_SECONDS
+
+
+@dataclass(frozen=True)
+class DeltaSourceSpec:
+    """An existing Delta table used as a source: by catalog ``name``, or the one at ``path`` as ``name``."""
+
+    kind: ClassVar[str] = "delta"
+
+    name: str
+    path: Path | None = None
+
+
+SourceSpec = KafkaSourceSpec | DeltaSourceSpec
 
 
 @dataclass(frozen=True)
 class TrickleConf:
-    """A loaded conf file. ``path`` is kept so that later errors can name the file."""
+    """A loaded conf file. ``path`` is kept so that later errors can name the file.
+
+    ``checkpoints`` is None when the file gives none: the runtime then uses ``<warehouse>/_checkpoints``.
+    """
 
     path: Path
     spark: dict[str, str] = field(default_factory=dict)
     warehouse: Path | None = None
     stream_tables: list[StreamTableSpec] = field(default_factory=list)
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+    sources: list[KafkaSourceSpec | DeltaSourceSpec] = field(default_factory=list)
+    checkpoints: Path | None = None
 
 
 def load_conf(path: str | os.PathLike[str]) -> TrickleConf:
@@ -103,10 +271,51 @@ def load_conf(path: str | os.PathLike[str]) -> TrickleConf:
     _reject_unknown(p, data, TOP_LEVEL_KEYS, where="top level")
 
     spark = _spark_settings(p, data.get("spark"))
-    warehouse = _warehouse(p, data.get("warehouse"))
+    warehouse = _path_value(p, "warehouse", data.get("warehouse"))
+    checkpoints = _path_value(p, "checkpoints", data.get("checkpoints"))
     specs = _stream_tables(p, data.get("stream_tables"))
+    sources = _sources(p, data.get("sources"))
+    _check_names(p, sources, specs)
     runtime = _runtime(p, data.get("runtime"))
-    return TrickleConf(path=p, spark=spark, warehouse=warehouse, stream_tables=specs, runtime=runtime)
+    return TrickleConf(
+        path=p,
+        spark=spark,
+        warehouse=warehouse,
+        stream_tables=specs,
+        runtime=runtime,
+        sources=sources,
+        checkpoints=checkpoints,
+    )
+
+
+def normalize_type(text: str) -> str:
+    """Canonical upper-case form of a supported Spark SQL type; ValueError (with the supported list) if not.
+
+    Public so that other entry points (a CLI flag, a test) accept exactly what a conf file accepts.
+    DECIMAL without parameters is Spark's DECIMAL(10,0) and DECIMAL(p) is DECIMAL(p,0).
+    """
+    m = _TYPE_RE.match(text) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"unsupported type {text!r} (supported: {SUPPORTED_TYPES})")
+    name, p, s = m.group(1).upper(), m.group(2), m.group(3)
+    if name in ("DECIMAL", "NUMERIC", "DEC"):
+        precision = int(p) if p is not None else 10
+        scale = int(s) if s is not None else 0
+        if not 1 <= precision <= 38 or scale > precision:
+            raise ValueError(
+                f"invalid decimal type {text!r}: need 1 <= precision <= 38 and 0 <= scale <= precision"
+            )
+        return f"DECIMAL({precision},{scale})"
+    if name in ("VARCHAR", "CHAR"):
+        if p is None or s is not None or int(p) < 1:
+            raise ValueError(f"invalid type {text!r}: {name} needs a positive length, e.g. {name}(255)")
+        return "STRING"
+    if name in _SIMPLE_TYPES and p is None:
+        return _SIMPLE_TYPES[name]
+    raise ValueError(f"unsupported type {text!r} (supported: {SUPPORTED_TYPES})")
+
+
+# ----------------------------------------------------------------------------------------------- helpers
 
 
 def _reject_unknown(path: Path, mapping: dict[Any, Any], allowed: frozenset[str], where: str) -> None:
@@ -115,6 +324,23 @@ def _reject_unknown(path: Path, mapping: dict[Any, Any], allowed: frozenset[str]
             raise ConfigError(
                 f"{path}: unknown key {key!r} at {where} (allowed: {', '.join(sorted(allowed))})"
             )
+
+
+def _positive_number(path: Path, where: str, key: str, value: Any, default: float) -> float:
+    """A positive int or float; bools are refused because YAML's ``yes`` would otherwise mean 1."""
+    if value is None:
+        return float(default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"{path}: {where}.{key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _positive_int(path: Path, where: str, key: str, value: Any, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{path}: {where}.{key} must be a positive integer, got {value!r}")
+    return value
 
 
 def _spark_settings(path: Path, value: Any) -> dict[str, str]:
@@ -126,18 +352,27 @@ def _spark_settings(path: Path, value: Any) -> dict[str, str]:
     for k, v in value.items():
         if isinstance(v, dict | list) or v is None:
             raise ConfigError(f"{path}: spark setting {k!r} must be a scalar value")
-        # YAML turns `true` into a bool; Spark wants the lower-case string.
-        out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
+        out[str(k)] = _scalar_text(v)
     return out
 
 
-def _warehouse(path: Path, value: Any) -> Path | None:
+def _scalar_text(v: Any) -> str:
+    # YAML turns `true` into a bool; Spark wants the lower-case string.
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _path_value(path: Path, key: str, value: Any, where: str | None = None) -> Path | None:
+    """A path relative to the conf file's folder (or absolute, or ``~``), resolved."""
     if value is None:
         return None
+    label = f"{where}: '{key}'" if where else f"'{key}'"
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{path}: 'warehouse' must be a non-empty path string")
-    wh = Path(value).expanduser()
-    return (wh if wh.is_absolute() else path.parent / wh).resolve()
+        raise ConfigError(f"{path}: {label} must be a non-empty path string, got {value!r}")
+    p = Path(value.strip()).expanduser()
+    return (p if p.is_absolute() else path.parent / p).resolve()
+
+
+# ------------------------------------------------------------------------------------------ stream tables
 
 
 def _stream_tables(path: Path, value: Any) -> list[StreamTableSpec]:
@@ -153,26 +388,63 @@ def _stream_tables(path: Path, value: Any) -> list[StreamTableSpec]:
             raise ConfigError(f"{path}: {where} must be a mapping with keys name and query (or query_file)")
         name = item.get("name")
         if isinstance(name, str) and name:
-            where = f"stream table {name!r}"
+            where = f"stream_tables[{i}] {name!r}"
         _reject_unknown(path, item, STREAM_TABLE_KEYS, where=where)
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"{path}: {where}: 'name' is required and must be a string")
-        if name in seen:
+        if not _IDENT_RE.match(name):
+            raise ConfigError(
+                f"{path}: {where}: invalid name {name!r}: use letters, digits and underscores, "
+                "not starting with a digit"
+            )
+        # The catalog lower-cases names, so Orders and orders would be the same stream table.
+        if name.lower() in seen:
             raise ConfigError(f"{path}: stream table {name!r} is declared twice")
-        seen.add(name)
+        seen.add(name.lower())
         query = _query(path, where, item)
-        schedule = item.get("schedule", DEFAULT_SCHEDULE)
-        if not isinstance(schedule, str) or not schedule.strip():
-            raise ConfigError(f"{path}: {where}: 'schedule' must be a string such as 30s, 5m or 1h30m")
-        mode = item.get("refresh_mode", DEFAULT_REFRESH_MODE)
-        if not isinstance(mode, str) or mode.upper() not in REFRESH_MODES:
+        mode = item.get("refresh_mode")
+        mode = DEFAULT_REFRESH_MODE if mode is None else mode
+        if not isinstance(mode, str) or mode.strip().upper() not in REFRESH_MODES:
             raise ConfigError(
                 f"{path}: {where}: 'refresh_mode' must be one of {', '.join(REFRESH_MODES)}, got {mode!r}"
             )
-        specs.append(
-            StreamTableSpec(name=name, query=query, schedule=schedule.strip(), refresh_mode=mode.upper())
-        )
+        mode = mode.strip().upper()
+        schedule = _schedule(path, where, item.get("schedule"), mode)
+        specs.append(StreamTableSpec(name=name, query=query, schedule=schedule, refresh_mode=mode))
     return specs
+
+
+def _schedule(path: Path, where: str, value: Any, mode: str) -> str | None:
+    """Normalise a schedule the way :func:`pipeline.schedule.validate_schedule` does, but as a ConfigError.
+
+    Checked here (not only by the catalog) so that ``trickle run`` fails before Spark starts, and with the
+    field count limited to 5 or 6: croniter also accepts 7 fields (a year), which the scheduler does not.
+    """
+    if value is None:
+        # An IMMEDIATE stream table is kept fresh by its streaming query; it needs no schedule.
+        return None if mode == "IMMEDIATE" else DEFAULT_SCHEDULE
+    bad = f"{path}: {where}: invalid 'schedule' {value!r}: use {_SCHEDULE_FORMS}"
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(bad)
+    text = " ".join(value.split())
+    if text.upper() == "CALCULATED":
+        return "CALCULATED"
+    seconds = parse_duration(text)
+    if seconds is not None:
+        if seconds <= 0:
+            raise ConfigError(bad)
+        return text.lower()
+    if text.startswith("@"):
+        if text.lower() in _CRON_NICKNAMES:
+            return text.lower()
+        raise ConfigError(bad)
+    if len(text.split(" ")) not in (5, 6):
+        raise ConfigError(bad)
+    from croniter import croniter
+
+    if not croniter.is_valid(text):
+        raise ConfigError(bad)
+    return text
 
 
 def _query(path: Path, where: str, item: dict[str, Any]) -> str:
@@ -198,13 +470,280 @@ def _query(path: Path, where: str, item: dict[str, Any]) -> str:
     return q
 
 
+# ------------------------------------------------------------------------------------------------ sources
+
+
+def _sources(path: Path, value: Any) -> list[KafkaSourceSpec | DeltaSourceSpec]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{path}: 'sources' must be a list of mappings (each with name and kind)")
+    out: list[KafkaSourceSpec | DeltaSourceSpec] = []
+    for i, item in enumerate(value):
+        where = f"sources[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}: {where} must be a mapping with keys name and kind")
+        name = item.get("name")
+        if isinstance(name, str) and name:
+            where = f"sources[{i}] {name!r}"
+        kind = item.get("kind")
+        if kind is None:
+            raise ConfigError(f"{path}: {where}: 'kind' is required: one of {', '.join(SOURCE_KINDS)}")
+        if not isinstance(kind, str) or kind.strip().lower() not in SOURCE_KINDS:
+            raise ConfigError(
+                f"{path}: {where}: 'kind' must be one of {', '.join(SOURCE_KINDS)}, got {kind!r}"
+            )
+        kind = kind.strip().lower()
+        _reject_unknown(path, item, KAFKA_SOURCE_KEYS if kind == "kafka" else DELTA_SOURCE_KEYS, where=where)
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{path}: {where}: 'name' is required and must be a string")
+        if kind == "kafka":
+            # The mirror is a table the runtime creates (with a checkpoint folder named after it): one name.
+            if not _IDENT_RE.match(name):
+                raise ConfigError(
+                    f"{path}: {where}: invalid name {name!r}: use letters, digits and underscores, "
+                    "not starting with a digit"
+                )
+            out.append(_kafka_source(path, where, name, item))
+        else:
+            if not _QUALIFIED_RE.match(name):
+                raise ConfigError(
+                    f"{path}: {where}: invalid name {name!r}: use a table name such as departments or "
+                    "db.departments (letters, digits and underscores)"
+                )
+            out.append(DeltaSourceSpec(name=name, path=_path_value(path, "path", item.get("path"), where)))
+    return out
+
+
+def _kafka_source(path: Path, where: str, name: str, item: dict[str, Any]) -> KafkaSourceSpec:
+    for required in ("topic", "bootstrap_servers", "columns", "key"):
+        if item.get(required) is None:
+            raise ConfigError(f"{path}: {where}: '{required}' is required for a kafka source")
+    topic = item["topic"]
+    if not isinstance(topic, str) or not topic.strip():
+        raise ConfigError(f"{path}: {where}: 'topic' must be a non-empty string, got {topic!r}")
+    servers = _bootstrap_servers(path, where, item["bootstrap_servers"])
+    columns = _columns(path, where, item["columns"])
+    key = _key(path, where, item["key"], columns)
+
+    dead_letter = item.get("dead_letter")
+    if dead_letter is not None and (not isinstance(dead_letter, str) or not _IDENT_RE.match(dead_letter)):
+        raise ConfigError(
+            f"{path}: {where}: 'dead_letter' must be a table name (letters, digits and underscores), "
+            f"got {dead_letter!r}"
+        )
+    offsets = item.get("starting_offsets")
+    offsets = DEFAULT_STARTING_OFFSETS if offsets is None else offsets
+    if not isinstance(offsets, str) or offsets.strip().lower() not in STARTING_OFFSETS:
+        raise ConfigError(
+            f"{path}: {where}: 'starting_offsets' must be one of {', '.join(STARTING_OFFSETS)}, "
+            f"got {offsets!r}"
+        )
+    options = _kafka_options(path, where, item.get("kafka_options"))
+    trigger = _positive_number(
+        path, where, "trigger_seconds", item.get("trigger_seconds"), DEFAULT_TRIGGER_SECONDS
+    )
+    return KafkaSourceSpec(
+        name=name,
+        topic=topic.strip(),
+        bootstrap_servers=servers,
+        columns=columns,
+        key=key,
+        dead_letter=dead_letter,
+        starting_offsets=offsets.strip().lower(),
+        kafka_options=options,
+        trigger_seconds=trigger,
+    )
+
+
+def _bootstrap_servers(path: Path, where: str, value: Any) -> str:
+    """``host:port[,host:port...]`` (a YAML list of them is joined): Kafka's own format, checked early."""
+    items = value if isinstance(value, list) else [value]
+    parts: list[str] = []
+    for v in items:
+        if not isinstance(v, str):
+            parts = []
+            break
+        parts.extend(s.strip() for s in v.split(",") if s.strip())
+    if not parts or not all(_SERVER_RE.match(s) for s in parts):
+        raise ConfigError(
+            f"{path}: {where}: 'bootstrap_servers' must be host:port, or several separated by commas, "
+            f'e.g. "127.0.0.1:9092"; got {value!r}'
+        )
+    return ",".join(parts)
+
+
+def _columns(path: Path, where: str, value: Any) -> tuple[tuple[str, str], ...]:
+    """Both ``{id: BIGINT, ...}`` (order kept) and ``[{name: id, type: BIGINT}, ...]`` give the same tuple."""
+    pairs: list[tuple[Any, Any, str]] = []  # (name, type, where of this column)
+    if isinstance(value, dict):
+        pairs = [(k, v, f"{where} columns.{k}") for k, v in value.items()]
+    elif isinstance(value, list):
+        for j, col in enumerate(value):
+            cw = f"{where} columns[{j}]"
+            if not isinstance(col, dict):
+                raise ConfigError(f"{path}: {cw} must be a mapping with keys name and type, got {col!r}")
+            _reject_unknown(path, col, COLUMN_KEYS, where=cw)
+            for k in ("name", "type"):
+                if col.get(k) is None:
+                    raise ConfigError(f"{path}: {cw}: '{k}' is required")
+            pairs.append((col["name"], col["type"], cw))
+    else:
+        raise ConfigError(
+            f"{path}: {where}: 'columns' must be a mapping {{name: TYPE}} or a list of {{name, type}}, "
+            f"got {type(value).__name__}"
+        )
+    if not pairs:
+        raise ConfigError(f"{path}: {where}: 'columns' must list at least one column")
+    out: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}
+    for col_name, col_type, cw in pairs:
+        if not isinstance(col_name, str):
+            # YAML 1.1 reads on/off/yes/no as booleans and 1 as an int: the usual cause.
+            raise ConfigError(
+                f"{path}: {cw}: column name {col_name!r} is not a string; "
+                "quote it in YAML (e.g. 'on': BOOLEAN)"
+            )
+        if col_name.startswith("__"):
+            raise ConfigError(
+                f"{path}: {cw}: column name {col_name!r} starts with '__', "
+                "which is reserved for hidden columns"
+            )
+        if not _IDENT_RE.match(col_name):
+            raise ConfigError(
+                f"{path}: {cw}: invalid column name {col_name!r}: use letters, digits and underscores, "
+                "not starting with a digit"
+            )
+        if col_name.lower() in seen:
+            raise ConfigError(
+                f"{path}: {cw}: duplicate column {col_name!r} (same as {seen[col_name.lower()]!r}: "
+                "Spark column names are case-insensitive)"
+            )
+        seen[col_name.lower()] = col_name
+        if not isinstance(col_type, str):
+            raise ConfigError(
+                f"{path}: {cw}: type of column {col_name!r} must be a string, got {col_type!r} "
+                f"(supported: {SUPPORTED_TYPES})"
+            )
+        try:
+            canonical = normalize_type(col_type)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: {cw}: column {col_name!r}: {exc}") from None
+        out.append((col_name, canonical))
+    return tuple(out)
+
+
+def _key(path: Path, where: str, value: Any, columns: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """The primary key, spelled as in ``columns`` (matched case-insensitively, as Spark resolves names)."""
+    keys = [value] if isinstance(value, str) else value
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k for k in keys):
+        raise ConfigError(
+            f"{path}: {where}: 'key' must be a column name or a non-empty list of column names, got {value!r}"
+        )
+    by_lower = {n.lower(): n for n, _ in columns}
+    out: list[str] = []
+    for k in keys:
+        col = by_lower.get(k.lower())
+        if col is None:
+            raise ConfigError(
+                f"{path}: {where}: key column {k!r} is not in 'columns' ({', '.join(n for n, _ in columns)})"
+            )
+        if col in out:
+            raise ConfigError(f"{path}: {where}: key column {k!r} is listed twice")
+        out.append(col)
+    return tuple(out)
+
+
+def _kafka_options(path: Path, where: str, value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    allowed = f"keys starting with 'kafka.' or one of {', '.join(sorted(KAFKA_READER_OPTIONS))}"
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: {where}: 'kafka_options' must be a mapping ({allowed})")
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not (
+            (k.startswith("kafka.") and len(k) > len("kafka.")) or k in KAFKA_READER_OPTIONS
+        ):
+            raise ConfigError(f"{path}: {where}: unknown key {k!r} in kafka_options (allowed: {allowed})")
+        if k in _FORBIDDEN_KAFKA_OPTIONS:
+            raise ConfigError(
+                f"{path}: {where}: kafka_options {k!r} is not allowed: {_FORBIDDEN_KAFKA_OPTIONS[k]}"
+            )
+        if v is None or isinstance(v, dict | list):
+            raise ConfigError(f"{path}: {where}: kafka_options {k!r} must be a scalar value, got {v!r}")
+        if k in _BOOL_OPTIONS and _scalar_text(v) not in ("true", "false"):
+            raise ConfigError(f"{path}: {where}: kafka_options {k!r} must be true or false, got {v!r}")
+        if k in ("maxOffsetsPerTrigger", "minOffsetsPerTrigger") and (
+            isinstance(v, bool) or not isinstance(v, int) or v <= 0
+        ):
+            raise ConfigError(f"{path}: {where}: kafka_options {k!r} must be a positive integer, got {v!r}")
+        out[k] = _scalar_text(v)
+    return out
+
+
+def _check_names(
+    path: Path, sources: list[KafkaSourceSpec | DeltaSourceSpec], specs: list[StreamTableSpec]
+) -> None:
+    """Source, dead-letter and stream table names share one catalog namespace (case-insensitive)."""
+    owners: dict[str, str] = {}
+    for i, spec in enumerate(specs):
+        owners[spec.name.lower()] = f"stream_tables[{i}] {spec.name!r}"
+    for i, src in enumerate(sources):
+        where = f"sources[{i}] {src.name!r}"
+        if src.name.lower() in owners:
+            raise ConfigError(
+                f"{path}: {where}: name {src.name!r} is already used by {owners[src.name.lower()]}; "
+                "source and stream table names must be unique"
+            )
+        owners[src.name.lower()] = where
+    for i, src in enumerate(sources):
+        if isinstance(src, KafkaSourceSpec) and src.dead_letter is not None:
+            other = owners.get(src.dead_letter.lower())
+            if other is not None:
+                raise ConfigError(
+                    f"{path}: sources[{i}] {src.name!r}: 'dead_letter' {src.dead_letter!r} is the name of "
+                    f"{other}; give the dead-letter table its own name"
+                )
+
+
+# ------------------------------------------------------------------------------------------------ runtime
+
+
 def _runtime(path: Path, value: Any) -> RuntimeSpec:
     if value is None:
         return RuntimeSpec()
     if not isinstance(value, dict):
         raise ConfigError(f"{path}: 'runtime' must be a mapping (keys: {', '.join(sorted(RUNTIME_KEYS))})")
     _reject_unknown(path, value, RUNTIME_KEYS, where="runtime")
-    tick = value.get("tick_seconds", DEFAULT_TICK_SECONDS)
-    if isinstance(tick, bool) or not isinstance(tick, int | float) or tick <= 0:
-        raise ConfigError(f"{path}: runtime.tick_seconds must be a positive number, got {tick!r}")
-    return RuntimeSpec(tick_seconds=float(tick))
+    w = "runtime"
+    tick = _positive_number(path, w, "tick_seconds", value.get("tick_seconds"), DEFAULT_TICK_SECONDS)
+    errors = _positive_int(
+        path, w, "max_consecutive_errors", value.get("max_consecutive_errors"), DEFAULT_MAX_CONSECUTIVE_ERRORS
+    )
+    base = _positive_number(
+        path, w, "retry_backoff_seconds", value.get("retry_backoff_seconds"), DEFAULT_RETRY_BACKOFF_SECONDS
+    )
+    cap = _positive_number(
+        path,
+        w,
+        "retry_backoff_max_seconds",
+        value.get("retry_backoff_max_seconds"),
+        DEFAULT_RETRY_BACKOFF_MAX_SECONDS,
+    )
+    if cap < base:
+        given = "" if value.get("retry_backoff_max_seconds") is not None else ", the default"
+        raise ConfigError(
+            f"{path}: runtime.retry_backoff_max_seconds ({cap:g}{given}) must be >= "
+            f"runtime.retry_backoff_seconds ({base:g})"
+        )
+    threads = _positive_int(
+        path, w, "scheduler_threads", value.get("scheduler_threads"), DEFAULT_SCHEDULER_THREADS
+    )
+    return RuntimeSpec(
+        tick_seconds=tick,
+        max_consecutive_errors=errors,
+        retry_backoff_seconds=base,
+        retry_backoff_max_seconds=cap,
+        scheduler_threads=threads,
+    )
