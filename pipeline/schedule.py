@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import re
+import statistics
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from functools import lru_cache
 
 from pipeline.errors import CatalogError
 
@@ -38,3 +42,121 @@ def validate_schedule(schedule: str | None) -> str | None:
         f"invalid schedule {schedule!r}: use a duration like '30s' or '1h30m', a cron expression like "
         "'*/5 * * * *' or '@hourly', or 'CALCULATED'"
     )
+
+
+# --- when is a schedule due -------------------------------------------------------------------------------
+
+CALCULATED = "CALCULATED"
+DEFAULT_SCHEDULE = "1m"
+# Cron intervals are compared from a fixed reference instant so that the answer (and so the CALCULATED
+# resolution) is the same in every process and on every run.
+_CRON_REFERENCE = datetime(2024, 1, 1, tzinfo=UTC)
+_CRON_SAMPLES = 16
+
+
+def is_calculated(schedule: str | None) -> bool:
+    """True for the CALCULATED marker (any case): the table inherits its consumers' schedule."""
+    return schedule is not None and schedule.strip().upper() == CALCULATED
+
+
+def next_due(schedule: str, last: float | None, now: float) -> float:
+    """Epoch seconds at which a table with ``schedule``, last refreshed (started) at ``last``, is due again.
+
+    Durations: ``last + seconds``. Cron (UTC, croniter's grammar: 5 fields, 6 with seconds last, ``@hourly``
+    ...): the first fire time strictly after ``last``. A table never refreshed is due ``now``: its contents
+    are as stale as they can be. The result may lie in the past (a process that was down): the caller then
+    refreshes once and the next call, anchored on that refresh, returns a future time — missed slots are
+    caught up with one refresh, not replayed.
+    """
+    if last is None:
+        return now
+    if is_calculated(schedule):
+        raise ValueError("CALCULATED has no due time of its own: resolve it with effective_schedules() first")
+    secs = parse_duration(schedule)
+    if secs is not None:
+        if secs <= 0:
+            raise ValueError(f"invalid schedule {schedule!r}: a duration must be positive")
+        return last + secs
+    return _cron_next(schedule.strip(), last)
+
+
+def _cron_next(expr: str, after: float) -> float:
+    from croniter import croniter
+
+    try:
+        it = croniter(expr, datetime.fromtimestamp(after, tz=UTC))
+    except Exception as e:  # croniter raises several unrelated types for bad input
+        raise ValueError(f"invalid schedule {expr!r}: {e}") from None
+    return float(it.get_next(float))
+
+
+@lru_cache(maxsize=256)
+def schedule_interval(schedule: str) -> float:
+    """Typical seconds between two refreshes: the duration itself, or for cron the median gap between
+    consecutive fire times (so ``0 9 * * 1-5`` counts as daily, not as the 3-day weekend gap).
+
+    Used only to rank schedules by tightness; ValueError when ``schedule`` is neither form.
+    """
+    if is_calculated(schedule):
+        raise ValueError("CALCULATED has no interval of its own")
+    secs = parse_duration(schedule)
+    if secs is not None:
+        if secs <= 0:
+            raise ValueError(f"invalid schedule {schedule!r}: a duration must be positive")
+        return float(secs)
+    t = _CRON_REFERENCE.timestamp()
+    fires = []
+    for _ in range(_CRON_SAMPLES + 1):
+        t = _cron_next(schedule.strip(), t)
+        fires.append(t)
+    return float(statistics.median(b - a for a, b in zip(fires, fires[1:], strict=False)))
+
+
+def effective_schedules(
+    tables: Mapping[str, str | None],
+    consumers: Mapping[str, set[str]],
+    default: str = DEFAULT_SCHEDULE,
+) -> dict[str, str | None]:
+    """The schedule each table actually runs on: CALCULATED resolved, everything else unchanged.
+
+    ``tables``: declared schedule per stream table, None for tables the scheduler does not run (IMMEDIATE:
+    kept fresh by their streaming query). ``consumers``: the stream tables that read each table directly.
+
+    A CALCULATED table must be at least as fresh as its most demanding reader, so it takes the tightest
+    (smallest :func:`schedule_interval`) schedule among its consumers, looking through CALCULATED consumers
+    transitively. The winning string is copied as is: a cron consumer makes its upstream fire on the same
+    cron instants, so both become due in the same tick and the upstream runs in an earlier wave.
+
+    Choices: an IMMEDIATE consumer counts as ``default`` — it wants its input as fresh as possible, but
+    refreshing the upstream every tick would burn the cluster, so it gets the same cadence as an unscheduled
+    CALCULATED table; a tighter scheduled consumer still wins. A CALCULATED table with no consumer (or only
+    CALCULATED consumers that themselves have none) gets ``default``. Status (SUSPENDED/ERROR) of consumers
+    is ignored so that the resolution does not flap while tables are paused. The catalog rejects cycles; a
+    cycle here raises ValueError rather than recursing forever.
+    """
+    resolved: dict[str, str] = {}
+    visiting: set[str] = set()
+
+    def resolve(name: str) -> str:
+        if name in resolved:
+            return resolved[name]
+        if name in visiting:
+            raise ValueError(f"dependency cycle through {name!r}")
+        visiting.add(name)
+        candidates: list[str] = []
+        for c in sorted(consumers.get(name, ())):
+            if c not in tables:
+                continue
+            s = tables[c]
+            if s is None:
+                candidates.append(default)
+            elif is_calculated(s):
+                candidates.append(resolve(c))
+            else:
+                candidates.append(s)
+        visiting.discard(name)
+        best = min(candidates, key=lambda s: (schedule_interval(s), s)) if candidates else default
+        resolved[name] = best
+        return best
+
+    return {name: (resolve(name) if is_calculated(s) else s) for name, s in tables.items()}
