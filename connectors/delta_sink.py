@@ -99,11 +99,19 @@ def mark_frontier(spark: Any, path: str, record: dict[str, Any]) -> None:
     _mark(_session(spark, record), path, record)
 
 
+#: Spark conf: create stream tables with deletion vectors, so a MERGE that touches a few rows of a large
+#: file marks them deleted instead of rewriting the whole file (copy-on-write).
+DELETION_VECTORS = "trickle.streamTable.deletionVectors"
+
+
 def overwrite(spark: Any, df: Any, path: str, record: dict[str, Any]) -> dict[str, int]:
     """Replace the stream table's contents (FULL / REINITIALIZE); creates it, with CDF on, if missing."""
     log = DeltaLog(spark, path)
-    (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-       .option("delta.enableChangeDataFeed", "true").option("userMetadata", _metadata(record)).save(path))
+    writer = (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+              .option("delta.enableChangeDataFeed", "true").option("userMetadata", _metadata(record)))
+    if spark.conf.get(DELETION_VECTORS, "false").lower() == "true":
+        writer = writer.option("delta.enableDeletionVectors", "true")
+    writer.save(path)
     after = log.latest_version()
     if after is None:
         return {"inserted": 0, "updated": 0, "deleted": 0}

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import CatalogError, ConfigError, TrickleError
+from pipeline.errors import CatalogError, TrickleError
 
 if TYPE_CHECKING:  # only for type hints; importing these at runtime would start nothing but costs time
     from pyspark.sql import SparkSession
@@ -202,9 +202,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         raise TrickleError("alter: give at least one of --schedule, --mode, --status")
     if args.command == "create":
         args.query_text = _read_query(args)
-    if args.command == "run":
-        assert conf is not None
-        args.intervals = _run_intervals(conf)
+    args.warehouse_path = warehouse
 
     spark, st = _open(
         warehouse,
@@ -410,100 +408,27 @@ def _cmd_explain(args: argparse.Namespace, st: StreamTables, conf: TrickleConf |
 # ------------------------------------------------------------------------------------------ run (loop)
 
 
-def _run_intervals(conf: TrickleConf) -> dict[str, float]:
-    """Refresh interval (seconds) of every scheduled stream table; checked before Spark starts.
-
-    Uses the catalog's duration grammar (:func:`pipeline.schedule.parse_duration`) so that ``run`` and
-    ``create --schedule`` accept the same strings. Cron and CALCULATED need the real scheduler.
-    """
-    from pipeline.schedule import parse_duration
-
-    out: dict[str, float] = {}
-    for spec in conf.stream_tables:
-        if spec.refresh_mode == "IMMEDIATE":
-            continue
-        seconds = parse_duration(spec.schedule)
-        if seconds is None or seconds <= 0:
-            raise ConfigError(
-                f"{conf.path}: stream table {spec.name!r}: schedule {spec.schedule!r} is not supported by "
-                "'trickle run' yet: give a positive duration such as 30s, 5m or 1h30m (cron and "
-                "CALCULATED schedules need the scheduler, which comes later)"
-            )
-        out[spec.name] = float(seconds)
-    return out
-
-
 def _cmd_run(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
-    """Bring up a conf file's pipeline and keep it fresh until SIGINT/SIGTERM.
+    """Bring up a conf file's pipeline (:class:`pipeline.runtime.Runtime`) until SIGINT/SIGTERM."""
+    from pipeline.runtime import Runtime
 
-    Deliberately small (the real scheduler, with CALCULATED/cron schedules, back-off and ERROR state,
-    is a later issue): IMMEDIATE stream tables get their streaming query; the others are refreshed in
-    conf order (list upstream tables first) whenever their interval has elapsed. One failing refresh is
-    reported and retried at its next interval; it does not stop the others.
-    """
     assert conf is not None
-    intervals: dict[str, float] = args.intervals
     log = _Logger(json_lines=args.json)
-
     # Our handlers replace pyspark's (which cancels all jobs and raises KeyboardInterrupt), so a signal
     # never interrupts a refresh or a create half-way: the loop stops at the next safe point.
     stop = threading.Event()
     restore = _install_stop_handlers(stop)
+    runtime = Runtime(st, conf, log, args.warehouse_path)
     try:
-        existing = {str(r.get("name")) for r in st.status()}
-        for spec in conf.stream_tables:
-            if spec.name in existing or stop.is_set():
-                continue
-            st.create_stream_table(
-                spec.name, spec.query, schedule=spec.schedule, refresh_mode=spec.refresh_mode
-            )
-            log.event("created", name=spec.name, refresh_mode=spec.refresh_mode, schedule=spec.schedule)
-
-        queries: dict[str, Any] = {}
-        for spec in conf.stream_tables:
-            if spec.refresh_mode == "IMMEDIATE" and not stop.is_set():
-                queries[spec.name] = st.start(spec.name)
-                log.event("started", name=spec.name)
-        log.event("running", conf=str(conf.path), scheduled=len(intervals), immediate=len(queries))
-
-        last_run: dict[str, float] = {}
-        reported_dead: set[str] = set()
-        while not stop.is_set():
-            now = time.monotonic()
-            due = [n for n, every in intervals.items() if now - last_run.get(n, -every) >= every]
-            if due:
-                skip = _not_schedulable(st)
-                for name in due:
-                    if stop.is_set():
-                        break
-                    last_run[name] = time.monotonic()
-                    if name in skip:
-                        continue
-                    try:
-                        log.refresh(st.refresh_stream_table(name))
-                    except Exception as exc:  # noqa: BLE001 - keep the other stream tables running
-                        log.error(f"refresh {name} failed: {type(exc).__name__}: {exc}")
-            for name, q in queries.items():
-                if name not in reported_dead and not q.isActive:
-                    reported_dead.add(name)
-                    log.error(f"streaming query of {name} stopped: {q.exception()}")
-            stop.wait(conf.runtime.tick_seconds)
-        log.event("stopping")
+        runtime.start_sources()
+        runtime.create_stream_tables(stop)
+        runtime.run(stop)
     finally:
         try:
-            st.stop_all()
+            runtime.stop()
         finally:
             restore()
     return EXIT_OK
-
-
-def _not_schedulable(st: StreamTables) -> set[str]:
-    """Names the loop must leave alone: suspended by a user, or in ERROR."""
-    return {
-        str(r.get("name"))
-        for r in st.status()
-        if str(r.get("status", "ACTIVE")).upper() in ("SUSPENDED", "ERROR")
-    }
 
 
 def _install_stop_handlers(stop: threading.Event) -> Callable[[], None]:

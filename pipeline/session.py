@@ -7,6 +7,7 @@ runs on a laptop (``local[2]``, embedded warehouse) and on a real cluster.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,9 @@ def spark_session(
     for k, v in (conf or {}).items():
         settings[str(k)] = str(v)
     if settings.get("spark.master", "").startswith("local"):
+        # Python workers (Kafka event decoding) must run this interpreter, whose packages (pyarrow) we know;
+        # pyspark reads the worker's interpreter from this variable when it creates the SparkContext
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         # stay on loopback: no lookup of the machine's own name, nothing exposed on the network
         settings.setdefault("spark.driver.host", "127.0.0.1")
         settings.setdefault("spark.driver.bindAddress", "127.0.0.1")

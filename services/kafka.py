@@ -356,8 +356,7 @@ class KafkaBroker:
             STORAGE_TOOL_CLASS,
             "format",
             "--standalone",
-            "-t",
-            _new_cluster_id(),
+            f"--cluster-id={_new_cluster_id()}",  # "=": an id may start with "-", which argparse takes for an option
             "-c",
             str(server_props),
         )

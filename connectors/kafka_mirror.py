@@ -1,0 +1,244 @@
+"""Kafka (Debezium) -> Delta mirror: each micro-batch of change events becomes ONE idempotent MERGE.
+
+Stream tables never read Kafka. A Kafka source is first applied to a Delta *mirror* of the source table
+(Change Data Feed on), and stream tables read the mirror like any Delta table, so there is one source
+model and the frontier stays "one Delta version per source".
+
+Per micro-batch:
+
+1. decode every record with :mod:`connectors.debezium` in Spark's Python workers (``mapInArrow``), once
+   (the result is checkpointed locally, so the two writes below do not decode twice);
+2. records that fail to decode go to the dead-letter Delta table with their raw key, value, topic,
+   partition, offset and the error: the pipeline keeps running and nothing is lost;
+3. the rest are netted per primary key (the latest by source position - LSN, else ``ts_ms`` - wins,
+   ties broken by Kafka offset; a
+   primary-key change is a delete of the old key plus an upsert of the new one; a truncate drops every
+   earlier event and deletes all rows not re-inserted after it) and MERGEd into the mirror. A column
+   PostgreSQL did not resend (unchanged TOAST value) keeps the mirror's current value.
+
+Deletes must reach the topic as events: with the ExtractNewRecordState SMT, use
+``delete.tombstone.handling.mode=rewrite`` (or ``rewrite-with-tombstone``); a bare tombstone is skipped
+like Kafka's own compaction markers.
+
+Exactly once across restarts: both writes are Delta *idempotent* writes keyed by (application id, batch
+id). Spark replays an uncommitted batch with the same id after a crash; Delta then skips a write it already
+committed. The application id is created with the checkpoint (a new checkpoint is a new stream: its batch
+ids restart at 0 and must not be mistaken for old ones).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from connectors.debezium import DecodeError, SourceSchema, decode
+from dvm.context import quote
+
+#: Delta session settings that make the next write idempotent (skipped if this app id already committed
+#: this version or a later one).
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+#: Columns of every dead-letter table.
+DEAD_LETTER_DDL = ("source STRING, topic STRING, partition INT, offset BIGINT, key BINARY, value BINARY, "
+                   "error STRING, batch_id BIGINT, recorded_at TIMESTAMP")
+
+@dataclass(frozen=True)
+class KafkaSource:
+    """A Debezium topic mirrored into a Delta table (from the conf file's ``sources:``)."""
+
+    name: str  # the mirror table stream tables read
+    topic: str
+    bootstrap_servers: str
+    schema: SourceSchema
+    dead_letter: str = ""  # table name; default ``<name>_dead_letter``
+    starting_offsets: str = "earliest"
+    options: dict[str, str] = field(default_factory=dict)  # extra ``kafka.*`` reader options
+
+    @property
+    def dead_letter_table(self) -> str:
+        return self.dead_letter or f"{self.name}_dead_letter"
+
+
+def create_tables(spark: Any, src: KafkaSource) -> None:
+    """The mirror (CDF on, as every stream table source needs) and its dead-letter table, if missing."""
+    cols = ", ".join(f"{quote(c)} {t}" for c, t in src.schema.columns)
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {src.name} ({cols}) USING delta "
+              "TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {src.dead_letter_table} ({DEAD_LETTER_DDL}) USING delta")
+
+
+def _decoded_schema(spark: Any, schema: SourceSchema) -> Any:
+    from pyspark.sql.types import StructType
+
+    cols = ", ".join(f"`{c}` {t}" for c, t in schema.columns)
+    meta = ("__op STRING, __pos1 BIGINT, __pos2 BIGINT, __pos3 BIGINT, __unavailable ARRAY<STRING>, "
+            "__topic STRING, __partition INT, __offset BIGINT, __error STRING, __key BINARY, __value BINARY")
+    return StructType.fromDDL(f"{cols}, {meta}")
+
+
+def _decode_records(d: dict[str, list[Any]], schema: SourceSchema, out_names: list[str]) -> dict[str, list[Any]]:
+    """Decode one Arrow batch of Kafka records (as columns) into the decoded rows' columns.
+
+    A delete keeps only the key columns (the mirror MERGE matches on them); a primary-key change becomes a
+    delete of the old key followed by the new row; a record that fails to decode keeps its raw bytes and
+    the error for the dead-letter table."""
+    names = [c for c, _ in schema.columns]
+    key_idx = [names.index(k) for k in schema.key]
+    out: dict[str, list[Any]] = {n: [] for n in out_names}
+
+    def keyed(values: tuple[Any, ...] | list[Any] | None) -> tuple[Any, ...]:
+        row: list[Any] = [None] * len(names)
+        for k, v in zip(key_idx, values or (), strict=True):
+            row[k] = v
+        return tuple(row)
+
+    def emit(i: int, row: tuple[Any, ...] | None, op: str, pos: tuple[int, int, int],
+             error: str | None = None, unavailable: tuple[str, ...] = ()) -> None:
+        for n, v in zip(names, row or (None,) * len(names), strict=True):
+            out[n].append(v)
+        raw = error is not None
+        for col, v in (("__op", op), ("__pos1", pos[0]), ("__pos2", pos[1]), ("__pos3", pos[2]),
+                       ("__unavailable", list(unavailable)), ("__topic", d["topic"][i]),
+                       ("__partition", d["partition"][i]), ("__offset", d["offset"][i]), ("__error", error),
+                       ("__key", d["key"][i] if raw else None), ("__value", d["value"][i] if raw else None)):
+            out[col].append(v)
+
+    for i in range(len(d["offset"])):
+        try:
+            e = decode(d["key"][i], d["value"][i], schema)
+            if e is None:  # tombstone: Kafka log compaction's marker, not a change
+                continue
+            pos = e.position
+            if e.op == "t":
+                emit(i, None, "t", pos)
+            elif e.op == "d":
+                emit(i, keyed(e.key), "d", pos)
+            else:
+                if e.before_key is not None and tuple(e.before_key) != tuple(e.key or ()):
+                    emit(i, keyed(e.before_key), "d", pos)
+                emit(i, e.row, "u", pos, unavailable=e.unavailable)
+        except DecodeError as err:
+            emit(i, None, "!", (0, 0, 0), str(err))
+    return out
+
+
+def _decode_batches(schema: SourceSchema, arrow_schema: Any) -> Any:
+    """The ``mapInArrow`` function: Kafka records in, decoded rows (or errors) out."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        names = [f.name for f in arrow_schema]
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict(_decode_records(batch.to_pydict(), schema, names), schema=arrow_schema)
+
+    return run
+
+
+def _keep_unavailable(col: str, name: str) -> str:
+    """An update keeps the mirror's value of a column the database did not send (unchanged TOAST)."""
+    return f"t.{col} = CASE WHEN array_contains(s.__unavailable, '{name}') THEN t.{col} ELSE s.{col} END"
+
+
+def _app_id(checkpoint: str) -> str:
+    """A stable id for this stream's idempotent writes, created with (and stored next to) its checkpoint."""
+    p = Path(checkpoint.removeprefix("file:")) / "trickle_app_id"
+    if p.exists():
+        return p.read_text().strip()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    app = f"trickle-mirror-{uuid.uuid4()}"
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(app)
+    tmp.replace(p)
+    return app
+
+
+def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dict[str, int]:
+    """Apply one micro-batch of Kafka records to the mirror (and its dead letters); idempotent per id."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    spark = batch.sparkSession
+    out_schema = _decoded_schema(spark, src.schema)
+    decoded = (batch.select("key", "value", "topic", "partition", "offset")
+               .mapInArrow(_decode_batches(src.schema, to_arrow_schema(out_schema)), out_schema)
+               .localCheckpoint(eager=True))
+    # The MERGE must see the temp view of the netted events, so it runs in the batch's own session (a
+    # streaming query's session is its own clone); the idempotency and metadata settings are unset after.
+    session = spark
+    meta: dict[str, Any] = {"trickle_mirror": {"source": src.name, "batch_id": batch_id}}
+    try:
+        bad = decoded.where("__op = '!'")
+        n_bad = bad.count()
+        if n_bad:
+            (bad.selectExpr(f"'{src.name}' AS source", "__topic AS topic", "__partition AS partition",
+                            "__offset AS offset", "__key AS key", "__value AS value", "__error AS error",
+                            f"CAST({batch_id} AS BIGINT) AS batch_id", "current_timestamp() AS recorded_at")
+             .write.format("delta").mode("append").option("txnAppId", f"{app_id}-dead-letter")
+             .option("txnVersion", batch_id).saveAsTable(src.dead_letter_table))
+        good = decoded.where("__op <> '!'")
+        stats = good.selectExpr(
+            "count(*) AS n",
+            "max(CASE WHEN __op = 't' THEN named_struct('p1', __pos1, 'p2', __pos2, 'p3', __pos3, "
+            "'o', __offset) END) AS t",
+        ).collect()[0]
+        if stats["n"] == 0:
+            return {"events": 0, "dead_letters": n_bad}
+        truncated = stats["t"] is not None
+        if truncated:
+            t = stats["t"]
+            good = good.where(f"named_struct('p1', __pos1, 'p2', __pos2, 'p3', __pos3, 'o', __offset) > "
+                              f"named_struct('p1', {t['p1']}L, 'p2', {t['p2']}L, 'p3', {t['p3']}L, "
+                              f"'o', {t['o']}L)")
+        keys = ", ".join(quote(k) for k in src.schema.key)
+        net = (good.where("__op <> 't'")
+               .selectExpr("*", f"row_number() OVER (PARTITION BY {keys} ORDER BY __pos1 DESC, __pos2 DESC, "
+                                "__pos3 DESC, __partition DESC, __offset DESC) AS __rn")
+               .where("__rn = 1"))
+        view = f"__trickle_mirror_{abs(hash((src.name, batch_id)))}"
+        net.createOrReplaceTempView(view)
+        names = [c for c, _ in src.schema.columns]
+        cols = [quote(c) for c in names]
+        on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in src.schema.key)
+        meta["trickle_mirror"]["truncate"] = truncated
+        session.conf.set(USER_METADATA, json.dumps(meta))
+        session.conf.set(TXN_APP_ID, app_id)
+        session.conf.set(TXN_VERSION, str(batch_id))
+        session.sql(f"""
+            MERGE INTO {src.name} t USING {view} s ON {on}
+            WHEN MATCHED AND s.__op = 'd' THEN DELETE
+            WHEN MATCHED THEN UPDATE SET {", ".join(_keep_unavailable(c, n) for c, n in zip(cols, names, strict=True))}
+            WHEN NOT MATCHED AND s.__op <> 'd' THEN INSERT ({", ".join(cols)}) VALUES ({", ".join(f"s.{c}" for c in cols)})
+            {"WHEN NOT MATCHED BY SOURCE THEN DELETE" if truncated else ""}
+        """)
+        spark.catalog.dropTempView(view)
+        return {"events": int(stats["n"]), "dead_letters": n_bad}
+    finally:
+        for k in (USER_METADATA, TXN_APP_ID, TXN_VERSION):
+            session.conf.unset(k)
+        try:
+            decoded._jdf.queryExecution().analyzed().rdd().unpersist(False)
+        except Exception:  # noqa: BLE001 - only frees blocks early
+            pass
+
+
+def start(spark: Any, src: KafkaSource, checkpoint: str, trigger_seconds: float = 1.0) -> Any:
+    """Start the ingestion query of one Kafka source; returns the StreamingQuery."""
+    create_tables(spark, src)
+    app_id = _app_id(checkpoint)
+    reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", src.bootstrap_servers)
+              .option("subscribe", src.topic).option("startingOffsets", src.starting_offsets))
+    for k, v in src.options.items():
+        reader = reader.option(k, v)
+
+    def run(batch: Any, batch_id: int) -> None:
+        apply_batch(batch, batch_id, src, app_id)
+
+    return (reader.load().writeStream.foreachBatch(run).queryName(f"trickle_mirror_{src.name}")
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime=f"{trigger_seconds} seconds").start())

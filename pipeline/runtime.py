@@ -1,0 +1,156 @@
+"""The long-running job: one Spark application keeping a conf file's pipeline fresh until stopped.
+
+What runs:
+
+- one ingestion query per Kafka source (:mod:`connectors.kafka_mirror`): Debezium events -> Delta mirror;
+- one streaming query per IMMEDIATE stream table (:mod:`pipeline.immediate`);
+- the scheduler (:mod:`pipeline.scheduler`) for every other stream table: durations, cron, CALCULATED,
+  topological waves, concurrent independent refreshes, back-off and the ERROR state.
+
+Every tick re-reads the catalog, so stream tables created, altered, suspended or dropped from the CLI in
+another process are picked up without a restart (an IMMEDIATE table created meanwhile gets its query).
+Stopping (SIGINT/SIGTERM) lets the refresh wave and each streaming query's current micro-batch finish,
+then stops the queries; every write is idempotent, so a hard kill loses nothing either.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipeline.api import StreamTables
+    from pipeline.conf import TrickleConf
+
+
+class Runtime:
+    """Start the pieces of a conf file's pipeline, then :meth:`run` the scheduler until ``stop`` is set."""
+
+    def __init__(self, st: StreamTables, conf: TrickleConf, log: Any, warehouse: Path) -> None:
+        self.st = st
+        self.spark = st.spark
+        self.conf = conf
+        self.log = log  # pipeline.cli._Logger: event(what, **fields), refresh(result), error(message)
+        self.checkpoints = Path(conf.checkpoints or warehouse / "_checkpoints")
+        self.ingestion: dict[str, Any] = {}
+        self.immediate: dict[str, Any] = {}
+        self._dead: set[str] = set()
+
+    # --- start-up ---
+
+    def start_sources(self) -> None:
+        """Kafka sources get their mirror and ingestion query; Delta sources given by path get a name."""
+        from connectors import kafka_mirror
+        from connectors.debezium import SourceSchema
+        from pipeline.conf import KafkaSourceSpec
+
+        for spec in self.conf.sources:
+            if isinstance(spec, KafkaSourceSpec):
+                src = kafka_mirror.KafkaSource(
+                    spec.name, spec.topic, spec.bootstrap_servers, SourceSchema(spec.columns, spec.key),
+                    dead_letter=spec.dead_letter or "", starting_offsets=spec.starting_offsets,
+                    options=dict(spec.kafka_options))
+                ckpt = self.checkpoints / f"mirror_{spec.name}"
+                self.ingestion[spec.name] = kafka_mirror.start(self.spark, src, str(ckpt), spec.trigger_seconds)
+                self.log.event("ingesting", source=spec.name, topic=spec.topic, mirror=spec.name,
+                               dead_letter=src.dead_letter_table)
+            elif spec.path is not None:
+                location = spec.path.as_posix().replace("'", "\\'")
+                self.spark.sql(f"CREATE TABLE IF NOT EXISTS {spec.name} USING delta LOCATION '{location}'")
+            elif not self.spark.catalog.tableExists(spec.name):
+                raise ConfigError(f"{self.conf.path}: Delta source {spec.name!r} does not exist (create it, or "
+                                  "give its 'path')")
+
+    def create_stream_tables(self, stop: threading.Event) -> None:
+        existing = {str(r.get("name")) for r in self.st.status()}
+        for spec in self.conf.stream_tables:
+            if spec.name.lower() in existing or stop.is_set():
+                continue
+            self.st.create_stream_table(spec.name, spec.query, schedule=spec.schedule,
+                                        refresh_mode=spec.refresh_mode)
+            self.log.event("created", name=spec.name, refresh_mode=spec.refresh_mode, schedule=spec.schedule)
+
+    # --- the loop ---
+
+    def run(self, stop: threading.Event) -> None:
+        from pipeline.scheduler import Scheduler
+
+        rt = self.conf.runtime
+        sched = Scheduler(self.st.refresh_stream_table, self._set_status, max_consecutive_errors=rt.max_consecutive_errors,
+                          backoff_base=rt.retry_backoff_seconds, backoff_max=rt.retry_backoff_max_seconds,
+                          threads=rt.scheduler_threads, log=self._decision)
+        with sched:
+            self.log.event("running", conf=str(self.conf.path), sources=len(self.conf.sources),
+                           stream_tables=len(self.st.status()))
+            while not stop.is_set():
+                status = self.st.status()
+                self._sync_immediate(status)
+                sched.sync(status)
+                for outcome in sched.tick():
+                    if outcome.ok and outcome.result is not None:
+                        self.log.refresh(outcome.result)
+                self._check_queries()
+                wake = sched.next_wakeup()
+                wait = rt.tick_seconds if wake is None else min(rt.tick_seconds, max(0.05, wake - time.time()))
+                stop.wait(wait)
+        self.log.event("stopping")
+
+    def _sync_immediate(self, status: list[dict[str, Any]]) -> None:
+        """IMMEDIATE tables get a streaming query (also ones created from the CLI while running); dropped,
+        suspended or re-moded ones lose it."""
+        want = {str(r["name"]) for r in status
+                if r.get("refresh_mode") == "IMMEDIATE" and r.get("status", "ACTIVE") == "ACTIVE"}
+        for name in want - set(self.immediate):
+            try:
+                self.immediate[name] = self.st.start(name)
+                self.log.event("started", name=name)
+            except Exception as e:  # noqa: BLE001 - report it; the other tables keep running
+                self.log.error(f"cannot start IMMEDIATE stream table {name}: {type(e).__name__}: {e}")
+                self.immediate[name] = None
+        for name in set(self.immediate) - want:
+            self.st.stop(name)
+            del self.immediate[name]
+            self.log.event("stopped", name=name)
+
+    def _check_queries(self) -> None:
+        for kind, queries in (("ingestion", self.ingestion), ("stream table", self.immediate)):
+            for name, q in queries.items():
+                if q is not None and not q.isActive and (kind, name) not in self._dead:
+                    self._dead.add((kind, name))  # type: ignore[arg-type]
+                    self.log.error(f"{kind} query of {name} stopped: {q.exception()}")
+
+    def _set_status(self, name: str, status: str, reason: str) -> None:
+        d = self.st.catalog.get(name)
+        d.status = status
+        d.last_error = reason
+        self.st.catalog.put(d)
+        self.st.catalog.append_history(name, {
+            "refresh_id": None, "name": name, "action": None, "reason": reason, "status": status,
+            "started_at": time.time(), "finished_at": time.time(), "duration_ms": 0.0, "rows_inserted": 0,
+            "rows_deleted": 0, "rows_updated": 0, "frontier": None, "error": reason})
+
+    def _decision(self, event: str, fields: dict[str, Any]) -> None:
+        if event == "refreshed":
+            return  # logged with its result by run()
+        if event in ("refresh_failed", "error_state", "set_status_failed", "invalid_schedule"):
+            brief = {k: v for k, v in fields.items() if k != "traceback"}
+            self.log.error(f"{event} {brief}")
+        else:
+            self.log.event(event, **{k: v for k, v in fields.items() if k != "traceback"})
+
+    # --- shutdown ---
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        """Let each streaming query finish the micro-batch in flight, then stop it."""
+        queries = [q for q in (*self.immediate.values(), *self.ingestion.values()) if q is not None]
+        deadline = time.time() + timeout_s
+        for q in queries:
+            while q.isActive and q.status.get("isTriggerActive") and time.time() < deadline:
+                time.sleep(0.1)
+            if q.isActive:
+                q.stop()
+        self.st.stop_all()

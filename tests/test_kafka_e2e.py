@@ -1,0 +1,360 @@
+"""End to end with a real Kafka broker: Debezium events -> Delta mirror -> IMMEDIATE stream table.
+
+A Python model of the source table (``Model``) produces Debezium change events the way the PostgreSQL
+connector writes them (full envelope, with and without the JsonConverter schema wrapper, and flattened by
+ExtractNewRecordState) with kafka-python, including primary-key changes, deletes with tombstones, a
+truncate, redelivered duplicates and malformed events. After every round the mirror must equal the model,
+the stream table must equal its query recomputed over the mirror, and every malformed event must sit in
+the dead-letter table. The ingestion query is stopped and restarted from its checkpoint mid-way, and a
+micro-batch is applied twice on purpose: nothing may be lost or applied twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import time
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from oracle import assert_matches, compare_rows, format_diff
+
+COLUMNS = (("id", "BIGINT"), ("customer", "STRING"), ("amount", "DECIMAL(10,2)"), ("qty", "INT"))
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from services.kafka import KafkaBroker
+
+    b = KafkaBroker(tmp_path_factory.mktemp("kafka")).start()
+    yield b
+    b.stop()
+
+
+def _decimal_b64(d: Decimal, scale: int = 2) -> str:
+    unscaled = int(d.scaleb(scale))
+    n = max(1, (unscaled.bit_length() + 8) // 8)
+    return base64.b64encode(unscaled.to_bytes(n, "big", signed=True)).decode()
+
+
+class Model:
+    """The source table as the database holds it, and the Debezium events that describe its changes."""
+
+    def __init__(self, seed: int, topic: str) -> None:
+        self.rng = random.Random(seed)
+        self.topic = topic
+        self.rows: dict[int, tuple[Any, ...]] = {}
+        self.lsn = 1000
+        self.next_id = 1
+        self.sent: list[tuple[bytes | None, bytes | None]] = []
+        self.malformed = 0
+
+    def _row(self, key: int) -> tuple[Any, ...]:
+        r = self.rng
+        customer = r.choice(["ann", "bob", "cy", "dee", None])
+        amount = None if r.random() < 0.1 else Decimal(r.randrange(-5000, 50000)) / 100
+        return (key, customer, amount, r.choice([None, 1, 2, 3, 5, 8]))
+
+    def _image(self, row: tuple[Any, ...], flavour: str) -> dict[str, Any]:
+        out = dict(zip([c for c, _ in COLUMNS], row, strict=True))
+        if out["amount"] is not None:
+            out["amount"] = _decimal_b64(out["amount"]) if flavour != "double" else float(out["amount"])
+        return out
+
+    def _event(self, op: str, before: tuple[Any, ...] | None, after: tuple[Any, ...] | None) -> None:
+        self.lsn += self.rng.randrange(8, 200)
+        key_row = after if after is not None else before
+        key = json.dumps({"id": key_row[0]}).encode() if key_row is not None else None
+        flavour = self.rng.choice(["plain", "schema", "flat"]) if op != "t" else "plain"
+        source = {"version": "3.6.1.Final", "connector": "postgresql", "name": "shop", "ts_ms": 1_700_000_000_000,
+                  "snapshot": "true" if op == "r" else "false", "db": "shop", "schema": "public",
+                  "table": "orders", "txId": self.lsn // 10, "lsn": self.lsn, "xmin": None,
+                  "sequence": json.dumps([str(self.lsn - 5), str(self.lsn)])}
+        if flavour == "flat":
+            image = after if after is not None else before
+            value: dict[str, Any] = {**self._image(image, "double"), "__op": op, "__lsn": self.lsn,
+                                     "__source_ts_ms": 1_700_000_000_000,
+                                     "__deleted": "true" if op == "d" else "false"}
+            self.sent.append((key, json.dumps(value).encode()))
+        else:
+            env = {"before": None if before is None else self._image(before, "b64"),
+                   "after": None if after is None else self._image(after, "b64"),
+                   "source": source, "op": op, "ts_ms": 1_700_000_000_500, "transaction": None}
+            if flavour == "schema":
+                env = {"schema": _SCHEMA, "payload": env}
+            self.sent.append((key, json.dumps(env).encode()))
+        if op == "d":
+            self.sent.append((key, None))  # Debezium's tombstone after a delete
+
+    def snapshot(self, n: int) -> None:
+        for _ in range(n):
+            row = self._row(self.next_id)
+            self.next_id += 1
+            self.rows[row[0]] = row
+            self._event("r", None, row)
+
+    def round(self, n: int) -> None:
+        for _ in range(n):
+            p = self.rng.random()
+            if p < 0.15 or not self.rows:
+                row = self._row(self.next_id)
+                self.next_id += 1
+                self.rows[row[0]] = row
+                self._event("c", None, row)
+            elif p < 0.30:
+                k = self.rng.choice(sorted(self.rows))
+                self._event("d", self.rows.pop(k), None)
+            elif p < 0.37:  # primary-key change: Debezium emits a delete of the old key, then a create
+                k = self.rng.choice(sorted(self.rows))
+                old = self.rows.pop(k)
+                new = (self.next_id, *old[1:])
+                self.next_id += 1
+                self.rows[new[0]] = new
+                self._event("d", old, None)
+                self._event("c", None, new)
+            else:
+                k = self.rng.choice(sorted(self.rows))
+                old = self.rows[k]
+                new = (k, *self._row(k)[1:])
+                self.rows[k] = new
+                self._event("u", old, new)
+        if self.rng.random() < 0.3 and self.sent:  # at-least-once delivery: a redelivered event
+            self.sent.append(self.sent[-1] if self.sent[-1][1] is not None else self.sent[-2])
+
+    def truncate(self) -> None:
+        self.rows.clear()
+        self._event("t", None, None)
+
+    def garbage(self) -> None:
+        self.malformed += 3
+        self.sent += [(b'{"id": 1}', b"{not json"),
+                      (b'{"id": 2}', json.dumps({"before": None, "after": {"id": 2, "customer": "x",
+                                                "amount": "??", "qty": "many"},
+                                                "source": {"lsn": 5}, "op": "c"}).encode()),
+                      (None, json.dumps({"op": "z", "after": {"id": 3}, "source": {}}).encode())]
+
+    def flush(self, producer: Any) -> None:
+        for key, value in self.sent:
+            producer.send(self.topic, key=key, value=value)
+        producer.flush()
+        self.sent.clear()
+
+
+_SCHEMA = {"type": "struct", "name": "shop.public.orders.Envelope", "optional": False, "fields": [
+    {"field": f, "type": "struct", "optional": True, "name": "shop.public.orders.Value", "fields": [
+        {"field": "id", "type": "int64", "optional": False},
+        {"field": "customer", "type": "string", "optional": True},
+        {"field": "amount", "type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+         "version": 1, "parameters": {"scale": "2", "connect.decimal.precision": "10"}},
+        {"field": "qty", "type": "int32", "optional": True}]} for f in ("before", "after")]
+    + [{"field": "source", "type": "struct", "optional": False, "name": "io.debezium.connector.postgresql.Source",
+        "fields": [{"field": "lsn", "type": "int64", "optional": True},
+                   {"field": "ts_ms", "type": "int64", "optional": False}]},
+       {"field": "op", "type": "string", "optional": False},
+       {"field": "ts_ms", "type": "int64", "optional": True}]}
+
+
+def _check_mirror(spark: Any, mirror: str, model: Model, where: str) -> None:
+    actual = [tuple(r) for r in spark.table(mirror).collect()]
+    missing, extra = compare_rows(list(model.rows.values()), actual)
+    assert not missing and not extra, f"{where}: mirror differs from the source\n" + format_diff(
+        mirror, [c for c, _ in COLUMNS], missing, extra, len(model.rows), len(actual))
+
+
+def _wait(q: Any, what: str) -> None:
+    q.processAllAvailable()
+    assert q.exception() is None, f"{what} failed: {q.exception()}"
+
+
+def test_debezium_kafka_to_mirror_to_immediate_stream_table(
+    spark: Any, st: Any, broker: Any, unique_name: Any, tmp_path: Path
+) -> None:
+    from kafka import KafkaProducer
+
+    from connectors import kafka_mirror
+    from connectors.debezium import SourceSchema
+
+    mirror = unique_name("orders_mirror")
+    topic = f"shop.public.{mirror}"
+    broker.create_topic(topic, partitions=1)  # see kafka_mirror: truncate ordering is per partition
+    src = kafka_mirror.KafkaSource(mirror, topic, broker.bootstrap, SourceSchema(COLUMNS, ("id",)))
+    ckpt = str(tmp_path / "ckpt_mirror")
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+    model = Model(seed=7, topic=topic)
+    model.snapshot(40)
+    model.flush(producer)
+    ingest = kafka_mirror.start(spark, src, ckpt, trigger_seconds=0.2)
+    _wait(ingest, "ingestion")
+    _check_mirror(spark, mirror, model, "after the snapshot")
+
+    query = (f"SELECT customer, SUM(amount) AS total, COUNT(*) AS n, MAX(qty) AS top_qty "
+             f"FROM {mirror} WHERE id % 7 <> 3 GROUP BY customer")
+    name = unique_name("customer_totals")
+    st.create_stream_table(name, query, refresh_mode="IMMEDIATE")
+    imm = st.start(name)
+    actions: Counter[str] = Counter()
+    for rnd in range(1, 6):
+        model.round(25)
+        if rnd == 2:
+            model.garbage()
+        if rnd == 3:
+            model.truncate()
+            model.round(10)
+        model.flush(producer)
+        if rnd == 4:  # crash-free restart: stop the ingestion query and resume from its checkpoint
+            ingest.stop()
+            ingest = kafka_mirror.start(spark, src, ckpt, trigger_seconds=0.2)
+        _wait(ingest, "ingestion")
+        where = f"round {rnd}"
+        _check_mirror(spark, mirror, model, where)
+        _wait(imm, "IMMEDIATE stream table")
+        assert_matches(spark, st, name, query, where)
+        actions.update(h["action"] for h in st.history(name, limit=3) if h.get("action"))
+    ingest.stop()
+    producer.close()
+    assert actions["DIFFERENTIAL"] > 0, actions
+
+    dead = spark.table(src.dead_letter_table).collect()
+    assert len(dead) == model.malformed, [r["error"] for r in dead]
+    errors = " | ".join(sorted(r["error"] for r in dead))
+    for needle in ("not valid JSON", "column 'amount'", "unknown op"):
+        assert needle in errors, errors
+    assert all(r["topic"] == topic and r["value"] is not None for r in dead)
+
+
+def test_replayed_micro_batch_is_applied_once(spark: Any, unique_name: Any, tmp_path: Path) -> None:
+    """Spark replays an uncommitted batch after a crash with the same id: Delta must skip it."""
+    from connectors import kafka_mirror
+    from connectors.debezium import SourceSchema
+
+    mirror = unique_name("replay_mirror")
+    src = kafka_mirror.KafkaSource(mirror, "t", "127.0.0.1:1", SourceSchema(COLUMNS, ("id",)))
+    kafka_mirror.create_tables(spark, src)
+    model = Model(seed=3, topic="t")
+    model.snapshot(5)
+    model.round(5)
+    model.garbage()
+    rows = [(k, v, "t", 0, i) for i, (k, v) in enumerate(model.sent)]
+    batch = spark.createDataFrame(rows, "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT")
+    app = kafka_mirror._app_id(str(tmp_path / "ckpt"))
+    first = kafka_mirror.apply_batch(batch, 0, src, app)
+    versions = spark.sql(f"DESCRIBE HISTORY {mirror}").count()
+    again = kafka_mirror.apply_batch(batch, 0, src, app)
+    assert spark.sql(f"DESCRIBE HISTORY {mirror}").count() == versions, "a replayed batch made a new commit"
+    assert first["dead_letters"] == again["dead_letters"] == 3
+    assert spark.table(src.dead_letter_table).count() == 3, "dead letters of a replayed batch were duplicated"
+    _check_mirror(spark, mirror, model, "after a replayed batch")
+    assert kafka_mirror._app_id(str(tmp_path / "ckpt")) == app, "the app id must survive a restart"
+    time.sleep(0)
+
+
+def test_runtime_runs_a_conf_pipeline_and_picks_up_catalog_changes(
+    spark: Any, broker: Any, make_source: Any, unique_name: Any, tmp_path: Path
+) -> None:
+    """The job of ``trickle run conf.yaml``, in-process: a Kafka source, an IMMEDIATE and a scheduled stream
+    table; then a stream table created by another catalog handle while it runs, and a suspended one."""
+    import threading
+
+    from kafka import KafkaProducer
+
+    from pipeline import StreamTables
+    from pipeline.cli import _Logger
+    from pipeline.conf import load_conf
+    from pipeline.runtime import Runtime
+
+    mirror = unique_name("rt_orders")
+    topic = f"shop.public.{mirror}"
+    broker.create_topic(topic)
+    regions = make_source("rt_customers", "customer STRING, region STRING",
+                          rows=[("ann", "north"), ("bob", "south"), ("cy", "north"), ("dee", "east")])
+    totals, by_region, late = unique_name("rt_totals"), unique_name("rt_by_region"), unique_name("rt_late")
+    q_totals = f"SELECT customer, SUM(amount) AS total, COUNT(*) AS n FROM {mirror} GROUP BY customer"
+    q_region = (f"SELECT r.region, SUM(o.qty) AS qty, COUNT(*) AS n FROM {mirror} o "
+                f"JOIN {regions} r ON o.customer = r.customer GROUP BY r.region")
+    conf_file = tmp_path / "pipeline.yaml"
+    conf_file.write_text(f"""
+sources:
+  - name: {mirror}
+    kind: kafka
+    topic: {topic}
+    bootstrap_servers: "{broker.bootstrap}"
+    columns: {{id: BIGINT, customer: STRING, amount: "DECIMAL(10,2)", qty: INT}}
+    key: id
+    trigger_seconds: 0.5
+  - name: {regions}
+    kind: delta
+checkpoints: ckpt
+stream_tables:
+  - name: {totals}
+    refresh_mode: IMMEDIATE
+    query: {q_totals}
+  - name: {by_region}
+    refresh_mode: DIFFERENTIAL
+    schedule: 1s
+    query: {q_region}
+runtime:
+  tick_seconds: 0.5
+""")
+    conf = load_conf(conf_file)
+    st = StreamTables(spark, root=str(tmp_path / "trickle"))
+    runtime = Runtime(st, conf, _Logger(json_lines=False), tmp_path)
+    stop = threading.Event()
+    model = Model(seed=11, topic=topic)
+    model.snapshot(30)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+    model.flush(producer)
+    runtime.start_sources()
+    runtime.create_stream_tables(stop)
+    loop = threading.Thread(target=runtime.run, args=(stop,), daemon=True)
+    loop.start()
+    other = StreamTables(spark, root=str(tmp_path / "trickle"))  # "the CLI in another process"
+
+    def settled(name: str, query: str, where: str) -> None:
+        """Wait until the scheduled table caught up with the mirror, then compare it with its query."""
+        version = spark.sql(f"DESCRIBE HISTORY {mirror}").first()["version"]
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            fr = next((s.get("frontier") or {} for s in other.status() if s["name"] == name), {})
+            if any(str(k).endswith(mirror) and int(v) >= version for k, v in fr.items()):
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"{where}: {name} did not catch up with {mirror}@{version}: {other.status()}")
+        assert_matches(spark, other, name, query, where)
+
+    try:
+        for rnd in range(1, 4):
+            model.round(20)
+            model.flush(producer)
+            _wait(runtime.ingestion[mirror], "ingestion")
+            _check_mirror(spark, mirror, model, f"round {rnd}")
+            deadline = time.time() + 60
+            while totals not in runtime.immediate and time.time() < deadline:
+                time.sleep(0.2)
+            _wait(runtime.immediate[totals], "IMMEDIATE")
+            assert_matches(spark, other, totals, q_totals, f"round {rnd}")
+            settled(by_region, q_region, f"round {rnd}")
+            if rnd == 1:  # created from "another process" while the job runs: picked up without restart
+                other.create_stream_table(late, f"SELECT qty, COUNT(*) AS n FROM {mirror} GROUP BY qty",
+                                          schedule="1s", refresh_mode="DIFFERENTIAL")
+            if rnd >= 2:
+                settled(late, f"SELECT qty, COUNT(*) AS n FROM {mirror} GROUP BY qty", f"round {rnd}")
+        other.alter_stream_table(by_region, status="SUSPENDED")
+        time.sleep(1.5)  # let the loop see it
+        before = len(other.history(by_region, limit=100))
+        model.round(10)
+        model.flush(producer)
+        _wait(runtime.ingestion[mirror], "ingestion")
+        settled(late, f"SELECT qty, COUNT(*) AS n FROM {mirror} GROUP BY qty", "after suspending")
+        assert len(other.history(by_region, limit=100)) == before, "a SUSPENDED table was refreshed"
+    finally:
+        stop.set()
+        loop.join(60)
+        runtime.stop()
+        producer.close()
+    assert not loop.is_alive(), "the run loop did not stop"
+    assert not runtime.ingestion[mirror].isActive
