@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from metrics import Measured, measure  # noqa: E402
 
 SHAPES = {
     "scan": "SELECT id, region, dim_id, amount FROM bench_fact",
@@ -35,16 +38,11 @@ SHAPES = {
 DIMS = 1000
 
 
-def jobs_and_time(spark: Any, fn: Any) -> tuple[Any, float, int]:
-    sc = spark.sparkContext
-    group = f"bench-{time.time_ns()}"
-    sc.setJobGroup(group, group)
-    t = time.perf_counter()
-    out = fn()
-    dt = time.perf_counter() - t
-    n = len(sc.statusTracker().getJobIdsForGroup(group))
-    sc.setJobGroup("", "")
-    return out, dt, n
+def commits(st: Any, name: str) -> int | None:
+    """The stream table's latest Delta version (to count the commits a refresh made)."""
+    from connectors.delta_log import DeltaLog
+
+    return DeltaLog(st.spark, st.catalog.get(name).path).latest_version()
 
 
 def create_sources(spark: Any, rows: int) -> None:
@@ -82,6 +80,15 @@ def change_cycle(spark: Any, rows: int, rate: float, cycle: int, next_id: int) -
     return next_id + ins
 
 
+def record(acc: dict[str, list[float]], d: Measured, f: Measured, c: Measured, made: int) -> None:
+    """Keep one measured cycle: times, jobs, driver vs in-job time, rows read, commits."""
+    for prefix, m in (("diff", d), ("full", f), ("ctas", c)):
+        for k, v in (("s", m.wall_s), ("jobs", m.jobs), ("job_s", m.job_s), ("driver_s", m.driver_s),
+                     ("rows_read", m.rows_read)):
+            acc.setdefault(f"{prefix}_{k}", []).append(float(v))
+    acc.setdefault("diff_commits", []).append(float(made))
+
+
 def same_rows(st: Any, a: str, b: str) -> bool:
     x, y = st.read(a), st.read(b)
     return x.exceptAll(y).limit(1).count() == 0 and y.exceptAll(x).limit(1).count() == 0
@@ -95,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--cycles", type=int, default=3)
     p.add_argument("--no-check", action="store_true", help="skip the DIFFERENTIAL == FULL check")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark setting, e.g. trickle.streamTable.deletionVectors=true (repeatable)")
+    p.add_argument("--tag", default="", help="label stored with the results (e.g. the settings tried)")
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.rates, args.cycles = "10000,100000", "0.01,0.1", 3
@@ -105,44 +115,46 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline import StreamTables, spark_session
 
     wh = tempfile.mkdtemp(prefix="trickle-bench-")
-    spark = spark_session(app_name="trickle-bench", warehouse=wh)
+    spark = spark_session(app_name="trickle-bench", warehouse=wh, conf=dict(c.split("=", 1) for c in args.conf))
     results = []
     try:
         for rows in sizes:
             create_sources(spark, rows)
             st = StreamTables(spark, root=f"{wh}/_trickle_{rows}")
             for shape in shapes:
-                st.create_stream_table(f"{shape}_diff", SHAPES[shape], refresh_mode="DIFFERENTIAL")
-                st.create_stream_table(f"{shape}_full", SHAPES[shape], refresh_mode="FULL")
+                st.create_stream_table(f"{shape}_diff_{rows}", SHAPES[shape], refresh_mode="DIFFERENTIAL")
+                st.create_stream_table(f"{shape}_full_{rows}", SHAPES[shape], refresh_mode="FULL")
             next_id = rows
             cycle = 0
             for rate in rates:
-                per: dict[str, dict[str, list[float]]] = {s: {"diff": [], "full": [], "ctas": [], "jobs_d": [],
-                                                              "jobs_f": []} for s in shapes}
+                per: dict[str, dict[str, list[float]]] = {s: {} for s in shapes}
                 ok = {s: True for s in shapes}
                 for i in range(args.cycles + 1):  # the first cycle warms up and is not measured
                     cycle += 1
                     next_id = change_cycle(spark, rows, rate, cycle, next_id)
                     for shape in shapes:
-                        r, td, jd = jobs_and_time(spark, lambda s=shape, t=st: t.refresh_stream_table(f"{s}_diff"))
-                        assert r.action == "DIFFERENTIAL", r
-                        _, tf, jf = jobs_and_time(spark, lambda s=shape, t=st: t.refresh_stream_table(f"{s}_full"))
-                        _, tc, _ = jobs_and_time(spark, lambda s=shape: spark.sql(
+                        before = commits(st, f"{shape}_diff_{rows}")
+                        d = measure(spark, lambda n=f"{shape}_diff_{rows}", t=st: t.refresh_stream_table(n))
+                        assert d.result.action == "DIFFERENTIAL", d.result
+                        made = (commits(st, f"{shape}_diff_{rows}") or 0) - (before or 0)
+                        f = measure(spark, lambda n=f"{shape}_full_{rows}", t=st: t.refresh_stream_table(n))
+                        c = measure(spark, lambda s=shape: spark.sql(
                             f"CREATE OR REPLACE TABLE bench_ctas_{s} USING delta AS {SHAPES[s]}"))
                         if i > 0:
-                            for k, v in (("diff", td), ("full", tf), ("ctas", tc), ("jobs_d", jd), ("jobs_f", jf)):
-                                per[shape][k].append(v)
+                            record(per[shape], d, f, c, made)
                         if i == args.cycles and not args.no_check:
-                            ok[shape] = same_rows(st, f"{shape}_diff", f"{shape}_full")
+                            ok[shape] = same_rows(st, f"{shape}_diff_{rows}", f"{shape}_full_{rows}")
                 for shape in shapes:
                     m = {k: statistics.median(v) for k, v in per[shape].items()}
-                    row = {"rows": rows, "rate": rate, "shape": shape, "diff_s": m["diff"], "full_s": m["full"],
-                           "ctas_s": m["ctas"], "speedup": m["full"] / m["diff"], "jobs_diff": m["jobs_d"],
-                           "jobs_full": m["jobs_f"], "same_rows": ok[shape]}
+                    row = {"rows": rows, "rate": rate, "shape": shape, **m, "speedup": m["full_s"] / m["diff_s"],
+                           "ctas_speedup": m["ctas_s"] / m["diff_s"], "same_rows": ok[shape],
+                           "cycles": args.cycles, "tag": args.tag}
                     results.append(row)
-                    print(f"| {rows:>9} | {rate:6.3%} | {shape:9} | {m['diff']:7.2f} | {m['full']:7.2f} | "
-                          f"{m['ctas']:7.2f} | {row['speedup']:5.1f}x | {m['jobs_d']:3.0f} | {m['jobs_f']:3.0f} | "
-                          f"{ok[shape]} |", flush=True)
+                    print(f"| {rows:>9} | {rate:6.1%} | {shape:9} | {m['diff_s']:7.2f} | {m['full_s']:7.2f} | "
+                          f"{m['ctas_s']:7.2f} | {row['speedup']:5.1f}x | {row['ctas_speedup']:5.1f}x | "
+                          f"{m['diff_jobs']:3.0f} | {m['diff_commits']:2.0f} | {m['diff_job_s']:5.2f} | "
+                          f"{m['diff_driver_s']:5.2f} | {m['diff_rows_read']:10,.0f} | {m['full_jobs']:3.0f} | "
+                          f"{m['full_rows_read']:10,.0f} | {ok[shape]} |", flush=True)
     finally:
         out = Path(__file__).resolve().parent / "out"
         out.mkdir(exist_ok=True)
@@ -153,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    print("| rows | change | shape | DIFF s | FULL s | CTAS s | FULL/DIFF | jobs DIFF | jobs FULL | same rows |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---|")
+    print("| rows | change | shape | DIFF s | FULL s | CTAS s | FULL/DIFF | CTAS/DIFF | DIFF jobs | DIFF commits "
+          "| DIFF in jobs s | DIFF driver s | DIFF rows read | FULL jobs | FULL rows read | same rows |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     raise SystemExit(main())
