@@ -23,7 +23,7 @@ def load(paths: list[Path], tag: str = "") -> list[dict[str, Any]]:
     cells: dict[tuple[int, float, str], dict[str, Any]] = {}
     for p in sorted(paths, key=lambda p: p.stat().st_mtime):
         for row in json.loads(p.read_text()):
-            if "diff_s" in row and row.get("tag", "") == tag:  # older result files lack the breakdown
+            if "diff_driver_s" in row and row.get("tag", "") == tag:  # older files lack the breakdown
                 cells[(row["rows"], row["rate"], row["shape"])] = row
     return [cells[k] for k in sorted(cells)]
 
@@ -63,8 +63,8 @@ def plot(rows: list[dict[str, Any]], png: Path) -> None:
         ax.set_title(shape)
         ax.set_xlabel("change rate per cycle (%)")
         ax.grid(True, which="both", linewidth=0.3)
+        ax.legend(fontsize=6)
     axes[0][0].set_ylabel("FULL / DIFFERENTIAL refresh time")
-    axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)

@@ -1,13 +1,17 @@
 """DIFFERENTIAL vs FULL, side by side in one run, per query shape, source size and change rate.
 
-    ./dev bench --quick            # minutes: 10K and 100K rows, 1% and 10% changes, 3 measured cycles
+    ./dev bench --quick            # 10K and 100K rows, 1% and 10% changes, 3 measured cycles (~20 min)
     ./dev bench --sizes 100000,1000000 --rates 0.001,0.01,0.1,0.5 --cycles 3
+    ./dev bench --sizes 10000000 --rates 0.001,0.01 --shapes join_agg
+    ./dev bench report             # Markdown tables + docs/benchmark_speedup.png from benchmarks/out/
 
 Each cycle changes the fact table with ONE Delta MERGE (70% updates incl. join-key updates, 15% deletes,
-15% inserts), then refreshes the DIFFERENTIAL and the FULL stream table of every shape, timing each and
-counting its Spark jobs, and checks both hold the same rows. The baseline "CTAS" is the user's own full
-recompute: CREATE OR REPLACE TABLE ... AS SELECT on Delta. Results: a Markdown table on stdout and JSON in
-benchmarks/out/. Nothing here asserts a time.
+15% inserts), then refreshes the DIFFERENTIAL and the FULL stream table of every shape, timing each, and
+runs the user's own full recompute (CTAS: CREATE OR REPLACE TABLE ... AS SELECT on Delta). The first
+cycle of each rate warms up and is not measured; medians of the others are reported, with where the time
+of a DIFFERENTIAL refresh went (Spark jobs, time with a job running vs. on the driver, rows read, Delta
+commits; see metrics.py), and a check that DIFFERENTIAL and FULL hold the same rows. Results: a Markdown
+table on stdout and JSON in benchmarks/out/. Nothing here asserts a time.
 """
 
 from __future__ import annotations
