@@ -36,7 +36,12 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     # TRICKLE_TEST_SPARK_CONF (a JSON object) adds or overrides settings, e.g. to try JVM options.
     extra = json.loads(os.environ.get("TRICKLE_TEST_SPARK_CONF", "{}"))
-    session = spark_session(app_name="trickle-tests", warehouse=str(warehouse), conf={**INTERPRETED, **extra})
+    # Test tables hold tens of rows: one partition per shuffle and per snapshot means fewer tasks per job
+    # (measured on a refresh loop: 3.0 s instead of 3.3 s per refresh).
+    tiny = {"spark.sql.shuffle.partitions": "1", "spark.default.parallelism": "1",
+            "spark.databricks.delta.snapshotPartitions": "1"}
+    session = spark_session(app_name="trickle-tests", warehouse=str(warehouse),
+                            conf={**INTERPRETED, **tiny, **extra})
     yield session
     session.stop()
 
