@@ -173,20 +173,21 @@ def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dic
     session = spark
     meta: dict[str, Any] = {"trickle_mirror": {"source": src.name, "batch_id": batch_id}}
     try:
-        bad = decoded.where("__op = '!'")
-        n_bad = bad.count()
+        # one job sizes the batch: dead letters, good events, and the position of the last truncate
+        stats = decoded.selectExpr(
+            "count_if(__op = '!') AS bad", "count_if(__op <> '!') AS n",
+            "max(CASE WHEN __op = 't' THEN named_struct('p1', __pos1, 'p2', __pos2, 'p3', __pos3, "
+            "'o', __offset) END) AS t",
+        ).first()
+        n_bad = int(stats["bad"])
         if n_bad:
-            (bad.selectExpr(f"'{src.name}' AS source", "__topic AS topic", "__partition AS partition",
-                            "__offset AS offset", "__key AS key", "__value AS value", "__error AS error",
-                            f"CAST({batch_id} AS BIGINT) AS batch_id", "current_timestamp() AS recorded_at")
+            (decoded.where("__op = '!'")
+             .selectExpr(f"'{src.name}' AS source", "__topic AS topic", "__partition AS partition",
+                         "__offset AS offset", "__key AS key", "__value AS value", "__error AS error",
+                         f"CAST({batch_id} AS BIGINT) AS batch_id", "current_timestamp() AS recorded_at")
              .write.format("delta").mode("append").option("txnAppId", f"{app_id}-dead-letter")
              .option("txnVersion", batch_id).saveAsTable(src.dead_letter_table))
         good = decoded.where("__op <> '!'")
-        stats = good.selectExpr(
-            "count(*) AS n",
-            "max(CASE WHEN __op = 't' THEN named_struct('p1', __pos1, 'p2', __pos2, 'p3', __pos3, "
-            "'o', __offset) END) AS t",
-        ).collect()[0]
         if stats["n"] == 0:
             return {"events": 0, "dead_letters": n_bad}
         truncated = stats["t"] is not None

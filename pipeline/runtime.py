@@ -38,7 +38,7 @@ class Runtime:
         self.checkpoints = Path(conf.checkpoints or warehouse / "_checkpoints")
         self.ingestion: dict[str, Any] = {}
         self.immediate: dict[str, Any] = {}
-        self._dead: set[str] = set()
+        self._dead: set[tuple[str, str]] = set()  # (kind, name) of stopped queries already reported
 
     # --- start-up ---
 
@@ -120,7 +120,7 @@ class Runtime:
         for kind, queries in (("ingestion", self.ingestion), ("stream table", self.immediate)):
             for name, q in queries.items():
                 if q is not None and not q.isActive and (kind, name) not in self._dead:
-                    self._dead.add((kind, name))  # type: ignore[arg-type]
+                    self._dead.add((kind, name))
                     self.log.error(f"{kind} query of {name} stopped: {q.exception()}")
 
     def _set_status(self, name: str, status: str, reason: str) -> None:
