@@ -106,6 +106,35 @@ class DeltaLog:
             return None
         return doc.get(TRICKLE_KEY) if isinstance(doc, dict) else None
 
+    def trickle_metadata_at(self, version: int) -> dict[str, Any] | None:
+        """The refresh record the table's contents reflect at ``version``: that commit's, or the newest
+        one before it (a commit without a record, e.g. a user's OPTIMIZE, changes no contents)."""
+        for v in reversed([v for v in self.versions() if v <= version]):
+            meta = self.trickle_metadata(v)
+            if meta is not None:
+                return meta
+        return None
+
+    def truncated_between(self, after: int, upto: int) -> int | None:
+        """The first version in (``after``, ``upto``] that emptied the table: a mirror batch that applied a
+        CDC truncate (recorded by :mod:`connectors.kafka_mirror`), ``TRUNCATE TABLE``, or a ``DELETE``
+        without a condition. Reads only commit infos (small local JSON files, no Spark job)."""
+        for v in range(after + 1, upto + 1):
+            info = self.commit_info(v)
+            op = str(info.get("operation", "")).upper()
+            if op == "TRUNCATE" or (op == "DELETE" and (info.get("operationParameters") or {}).get("predicate")
+                                    in ("[]", '["true"]', "", None)):
+                return v
+            meta = info.get("userMetadata")
+            if meta and "truncate" in meta:
+                try:
+                    doc = json.loads(meta)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict) and (doc.get("trickle_mirror") or {}).get("truncate"):
+                    return v
+        return None
+
     def last_trickle_commit(self) -> tuple[int, dict[str, Any]] | None:
         """The newest commit carrying a refresh record: the frontier the table's contents reflect."""
         for v in reversed(self.versions()):

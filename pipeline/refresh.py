@@ -102,19 +102,38 @@ class Refresher:
 
     # --- refresh ---
 
-    def refresh(self, name: str, _seen: set[str] | None = None) -> RefreshResult:
-        seen = _seen if _seen is not None else set()
+    def refresh(self, name: str) -> RefreshResult:
+        """Refresh ``name``, refreshing its stale upstream stream tables first (topological order).
+
+        Delayed View Semantics across diamonds: every base source is read at ONE version for the whole
+        call (the *pin*, taken lazily at first read), so two upstream stream tables that both read the same
+        base table reach the same version of it before the downstream combines them. If another process
+        moved an upstream past the pin meanwhile, the downstream's consistency check (see
+        :meth:`base_frontier`) fails and the whole call is retried with a fresh pin."""
+        for attempt in range(1, CONSISTENCY_ATTEMPTS + 1):
+            try:
+                return self._refresh_tree(name, set(), {})
+            except _Inconsistent as e:
+                if attempt == CONSISTENCY_ATTEMPTS:
+                    raise RefreshError(f"stream table {name}: upstream stream tables stayed inconsistent "
+                                       f"after {attempt} attempts ({e}); they are refreshed concurrently by "
+                                       "another process; retry later") from None
+        raise AssertionError("unreachable")
+
+    def _refresh_tree(self, name: str, seen: set[str], pin: dict[str, int]) -> RefreshResult:
         d = self.catalog.get(name)
         for key, src in d.sources.items():
             if src.kind == "stream_table" and key not in seen:
-                self.refresh(key, seen)
+                self._refresh_tree(key, seen, pin)
                 seen.add(key)
         with self.lock(name):
             d = self.catalog.get(name)
             started = time.time()
             t0 = time.perf_counter()
             try:
-                return self._refresh(d, started, t0)
+                return self._refresh(d, started, t0, pin)
+            except _Inconsistent:
+                raise
             except Exception as e:
                 self._record_error(d, started, t0, e)
                 raise
@@ -126,28 +145,66 @@ class Refresher:
         _, meta = found
         return {k: int(v) for k, v in meta.get("frontier", {}).items()}, meta
 
-    def latest_frontier(self, d: StreamTableDef) -> dict[str, int]:
+    def latest_frontier(self, d: StreamTableDef, pin: dict[str, int] | None = None,
+                        pre: dict[str, int] | None = None) -> dict[str, int]:
+        """The post frontier: each source's latest version, except that a base source already read in
+        this refresh call keeps the version it was read at (``pin``, filled here); never behind ``pre``."""
         out = {}
         for key, src in d.sources.items():
-            v = DeltaLog(self.spark, src.path).latest_version()
+            v = pin.get(src.path) if pin is not None and src.kind != "stream_table" else None
             if v is None:
-                raise SourceError(f"source {key} of stream table {d.name} no longer exists at {src.path}")
+                v = DeltaLog(self.spark, src.path).latest_version()
+                if v is None:
+                    raise SourceError(f"source {key} of stream table {d.name} no longer exists at {src.path}")
+                if pin is not None and src.kind != "stream_table":
+                    pin[src.path] = v
+            if pre is not None and key in pre and pre[key] > v:
+                v = pre[key]  # moved by a refresh outside this call; the consistency check decides
             out[key] = v
         return out
 
-    def _refresh(self, d: StreamTableDef, started: float, t0: float) -> RefreshResult:
+    def base_frontier(self, d: StreamTableDef, post: dict[str, int]) -> dict[str, int]:
+        """The version of every *base* table (not stream table) that the stream table reflects at ``post``,
+        transitively through upstream stream tables (each records its own in its refresh commit).
+
+        Raises :class:`_Inconsistent` when two inputs reflect different versions of one base table: the
+        diamond case, A -> B, A -> C, (B, C) -> D with B and C refreshed to different versions of A."""
+        out: dict[str, int] = {}
+        origin: dict[str, str] = {}
+
+        def add(path: str, version: int, via: str) -> None:
+            if path in out and out[path] != version:
+                raise _Inconsistent(f"{via} reflects version {version} of {path} but {origin[path]} reflects "
+                                    f"version {out[path]}")
+            out[path] = version
+            origin.setdefault(path, via)
+
+        for key, src in d.sources.items():
+            if src.kind != "stream_table":
+                add(src.path, post[key], key)
+                continue
+            meta = DeltaLog(self.spark, src.path).trickle_metadata_at(post[key]) or {}
+            for path, version in (meta.get("base_frontier") or {}).items():
+                add(path, int(version), key)
+        return out
+
+    def _refresh(self, d: StreamTableDef, started: float, t0: float, pin: dict[str, int]) -> RefreshResult:
         pre, meta = self._committed(d)
         recovered = False
         if meta is not None and meta.get("refresh_id") != d.last_refresh_id:
             recovered = self._recover(d, meta, pre)
-        post = self.latest_frontier(d)
+        post = self.latest_frontier(d, pin, pre)
+        base = self.base_frontier(d, post)
         if pre is not None and pre == post:
-            return RefreshResult(d.name, "NO_DATA", "no source changed since the last refresh",
-                                 duration_ms=(time.perf_counter() - t0) * 1000, frontier=post,
-                                 refresh_id=d.last_refresh_id, recovered=recovered)
+            result = RefreshResult(d.name, "NO_DATA", "no source changed since the last refresh",
+                                   duration_ms=(time.perf_counter() - t0) * 1000, frontier=post,
+                                   refresh_id=d.last_refresh_id, recovered=recovered)
+            self._record_no_data(d, started, result)
+            return result
         action, reason = self._decide(d, pre, post)
         refresh_id = uuid.uuid4().hex[:16]
-        record = {"refresh_id": refresh_id, "frontier": post, "action": action, "name": d.name}
+        record = {"refresh_id": refresh_id, "frontier": post, "action": action, "name": d.name,
+                  "base_frontier": base}
         counts: dict[str, int]
         if action == "DIFFERENTIAL":
             try:
@@ -174,6 +231,13 @@ class Refresher:
             return "REINITIALIZE", "the set of sources changed"
         if d.refresh_mode == "FULL":
             return "FULL", "refresh_mode is FULL"
+        for key, src in d.sources.items():
+            if src.kind != "stream_table" and post[key] > pre[key]:
+                v = DeltaLog(self.spark, src.path).truncated_between(pre[key], post[key])
+                if v is not None:
+                    # a truncate's delta is "every row deleted": recomputing from the (small) remaining
+                    # source is cheaper than differentiating it, and it re-bases every hidden state
+                    return "FULL", f"source {key} was truncated (version {v})"
         if d.full_reason is not None:
             if self.strict or d.refresh_mode in ("DIFFERENTIAL", "IMMEDIATE"):
                 raise RefreshError(f"stream table {d.name} cannot be refreshed differentially: {d.full_reason}")
@@ -283,6 +347,15 @@ class Refresher:
             fresh.status = "ACTIVE"
         self.catalog.put(fresh)
 
+    def _record_no_data(self, d: StreamTableDef, started: float, r: RefreshResult) -> None:
+        """A NO_DATA decision is history too (pg_trickle records it); nothing else changes."""
+        self.catalog.append_history(d.name, {
+            "refresh_id": f"nodata-{uuid.uuid4().hex[:12]}", "name": d.name, "action": "NO_DATA",
+            "reason": r.reason, "status": "OK", "started_at": started, "finished_at": time.time(),
+            "duration_ms": round(r.duration_ms, 1), "rows_inserted": 0, "rows_deleted": 0, "rows_updated": 0,
+            "frontier": r.frontier, "error": None,
+        })
+
     def _record_error(self, d: StreamTableDef, started: float, t0: float, e: BaseException) -> None:
         try:
             fresh = self.catalog.get(d.name)
@@ -298,6 +371,14 @@ class Refresher:
         fresh.consecutive_errors += 1
         fresh.last_error = _first_line(e)
         self.catalog.put(fresh)
+
+
+#: How often one refresh call retries when upstream stream tables reflect different base versions.
+CONSISTENCY_ATTEMPTS = 3
+
+
+class _Inconsistent(Exception):
+    """Inputs of a refresh reflect different versions of one base table (retried with a fresh pin)."""
 
 
 def _first_line(e: BaseException) -> str:
