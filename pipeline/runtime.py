@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,12 +129,25 @@ class Runtime:
         d.status = status
         d.last_error = reason
         self.st.catalog.put(d)
+        self._history(name, status, reason, error=reason)
+
+    def _history(self, name: str, status: str, reason: str, action: str | None = None, **extra: Any) -> None:
+        """A scheduler decision as a refresh-history record (no refresh ran: no rows, no frontier)."""
+        if not self.st.catalog.exists(name):
+            return
+        now = time.time()
         self.st.catalog.append_history(name, {
-            "refresh_id": None, "name": name, "action": None, "reason": reason, "status": status,
-            "started_at": time.time(), "finished_at": time.time(), "duration_ms": 0.0, "rows_inserted": 0,
-            "rows_deleted": 0, "rows_updated": 0, "frontier": None, "error": reason})
+            "refresh_id": f"{status.lower()}-{uuid.uuid4().hex[:12]}", "name": name, "action": action,
+            "reason": reason, "status": status, "started_at": now, "finished_at": now, "duration_ms": 0.0,
+            "rows_inserted": 0, "rows_deleted": 0, "rows_updated": 0, "frontier": None,
+            "initiated_by": "SCHEDULER", "error": extra.pop("error", None), **extra})
 
     def _decision(self, event: str, fields: dict[str, Any]) -> None:
+        """Log every scheduler decision, and record the ones that change what happens to a table.
+
+        History gets: a retry scheduled after a failure (the failure itself is recorded by the refresh),
+        a skip because an upstream failed or is paused, a schedule that cannot be used, and a status change
+        seen in the catalog. ERROR is recorded by :meth:`_set_status`; refreshes record themselves."""
         if event == "refreshed":
             return  # logged with its result by run()
         if event in ("refresh_failed", "error_state", "set_status_failed", "invalid_schedule"):
@@ -141,6 +155,23 @@ class Runtime:
             self.log.error(f"{event} {brief}")
         else:
             self.log.event(event, **{k: v for k, v in fields.items() if k != "traceback"})
+        name = str(fields.get("name", ""))
+        try:
+            if event == "refresh_failed":
+                self._history(name, "RETRY", f"attempt {fields.get('consecutive_errors')} failed; retry in "
+                              f"{float(fields.get('retry_in') or 0):.1f} s (exponential back-off)",
+                              error=fields.get("error"), retry_at=fields.get("retry_at"))
+            elif event == "skipped":
+                self._history(name, "SKIPPED", str(fields.get("reason")), action="SKIP",
+                              retry_at=fields.get("next_attempt"))
+            elif event == "invalid_schedule":
+                self._history(name, "SKIPPED", f"schedule {fields.get('schedule')!r} cannot be used: "
+                              f"{fields.get('error')}", action="SKIP")
+            elif event == "table_changed" and "status" in fields:
+                old, new = fields["status"]
+                self._history(name, str(new), f"status changed from {old} to {new}")
+        except Exception as e:  # noqa: BLE001 - history is best effort; the schedule goes on
+            self.log.error(f"cannot record {event} of {name} in the history: {type(e).__name__}: {e}")
 
     # --- shutdown ---
 

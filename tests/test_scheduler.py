@@ -442,3 +442,36 @@ def test_broken_log_callback_does_not_stop_refreshes() -> None:
     sched = Scheduler(refresh, lambda *a: None, clock=FakeClock(), log=log)
     sched.sync([row("a")])
     assert [o.ok for o in sched.tick()] == [True] and refresh.calls == ["a"]
+
+
+def test_runtime_records_scheduler_decisions_in_history(tmp_path: Any) -> None:
+    """Retries, skips, unusable schedules, status changes and ERROR land in the refresh history (the
+    refreshes record themselves), so `trickle history` explains why a table was not refreshed."""
+    from types import SimpleNamespace
+
+    from pipeline.catalog import Catalog, StreamTableDef
+    from pipeline.conf import load_conf
+    from pipeline.runtime import Runtime
+
+    cat = Catalog(tmp_path / "trickle")
+    cat.put(StreamTableDef("t", "SELECT 1", "1m", "AUTO", str(tmp_path / "t"), {}, ["x"], ["int"], "bag"))
+    conf_file = tmp_path / "c.yaml"
+    conf_file.write_text("stream_tables: []\n")
+    events: list[tuple[str, Any]] = []
+    log = SimpleNamespace(event=lambda what, **f: events.append((what, f)),
+                          error=lambda m: events.append(("error", m)))
+    rt = Runtime(SimpleNamespace(spark=None, catalog=cat), load_conf(conf_file), log, tmp_path)  # type: ignore[arg-type]
+    rt._decision("refresh_failed", {"name": "t", "error": "boom", "consecutive_errors": 1, "retry_in": 1.5,
+                                    "retry_at": 5.0, "traceback": "..."})
+    rt._decision("skipped", {"name": "t", "reason": "upstream u failed its last refresh", "next_attempt": 9.0})
+    rt._decision("invalid_schedule", {"name": "t", "schedule": "every day", "error": "not a duration"})
+    rt._decision("table_changed", {"name": "t", "status": ["ACTIVE", "SUSPENDED"], "next_attempt": None})
+    rt._set_status("t", "ERROR", "3 consecutive refresh failures; last: boom")
+    rt._decision("table_added", {"name": "gone"})  # not in the catalog: logged only
+    hist = list(reversed(cat.history("t", limit=10)))
+    assert [(h["status"], h["action"]) for h in hist] == [
+        ("RETRY", None), ("SKIPPED", "SKIP"), ("SKIPPED", "SKIP"), ("SUSPENDED", None), ("ERROR", None)]
+    assert "retry in 1.5 s" in hist[0]["reason"] and hist[0]["error"] == "boom"
+    assert "upstream u" in hist[1]["reason"] and "every day" in hist[2]["reason"]
+    assert cat.get("t").status == "ERROR"
+    assert not any(w == "error" and "cannot record" in str(f) for w, f in events)
