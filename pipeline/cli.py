@@ -417,8 +417,10 @@ def _cmd_run(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | Non
     # Our handlers replace pyspark's (which cancels all jobs and raises KeyboardInterrupt), so a signal
     # never interrupts a refresh or a create half-way: the loop stops at the next safe point.
     stop = threading.Event()
+    done = threading.Event()
     restore = _install_stop_handlers(stop)
     runtime = Runtime(st, conf, log, args.warehouse_path)
+    _install_jvm_stop_hook(st.spark, stop, done, log)
     try:
         runtime.start_sources()
         runtime.create_stream_tables(stop)
@@ -427,8 +429,48 @@ def _cmd_run(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | Non
         try:
             runtime.stop()
         finally:
+            done.set()
             restore()
     return EXIT_OK
+
+
+#: How long a JVM shutdown (SIGTERM to spark-submit's JVM) waits for the pipeline to stop gracefully.
+JVM_STOP_GRACE_S = 120.0
+
+
+class _JvmStopHook:
+    """A Spark shutdown hook implemented in Python (a py4j callback): when the *JVM* is told to stop —
+    SIGTERM to spark-submit's driver JVM, or to the process group of ``trickle run`` — it asks the run loop
+    to stop and waits until the streaming queries finished their micro-batches, before Spark's own hook
+    stops the SparkContext under them (which would abort the batch in flight)."""
+
+    def __init__(self, stop: threading.Event, done: threading.Event, log: _Logger) -> None:
+        self.stop, self.done, self.log = stop, done, log
+
+    def apply(self) -> None:
+        if not self.done.is_set():
+            self.log.event("jvm_shutdown", action="stopping the pipeline before Spark stops")
+            self.stop.set()
+            self.done.wait(JVM_STOP_GRACE_S)
+
+    class Java:
+        implements = ["scala.Function0"]
+
+
+# Scala calls a Function0[Unit] through its specialised method, a name Python syntax cannot spell
+setattr(_JvmStopHook, "apply$mcV$sp", _JvmStopHook.apply)
+
+
+def _install_jvm_stop_hook(spark: Any, stop: threading.Event, done: threading.Event, log: _Logger) -> None:
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    gateway = spark.sparkContext._gateway
+    ensure_callback_server_started(gateway)
+    manager = gateway.jvm.org.apache.spark.util.ShutdownHookManager
+    # higher priority runs first: before the local executor's own stop hook (default priority) and the
+    # one that stops the SparkContext
+    priority = max(manager.DEFAULT_SHUTDOWN_PRIORITY(), manager.SPARK_CONTEXT_SHUTDOWN_PRIORITY()) + 10
+    manager.addShutdownHook(priority, _JvmStopHook(stop, done, log))
 
 
 def _install_stop_handlers(stop: threading.Event) -> Callable[[], None]:

@@ -52,6 +52,18 @@ def local_jars() -> list[str]:
     return sorted(str(p) for p in d.glob("*.jar")) if d.is_dir() else []
 
 
+def _launcher_settings(candidates: Mapping[str, str]) -> list[str]:
+    """Which of ``candidates`` the process's launcher already set: when ``spark-submit`` (or the
+    ``pyspark`` shell) started the JVM first, its settings are in the JVM's system properties, and a
+    default of ours must not silently replace, say, ``--master yarn`` with ``local[2]``."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return []
+    from pyspark import SparkConf
+
+    preset = SparkConf()  # loads spark.* system properties from the launcher's JVM
+    return [k for k in candidates if preset.contains(k)]
+
+
 def spark_session(
     app_name: str = "spark-trickle",
     warehouse: str | os.PathLike[str] | None = None,
@@ -73,6 +85,8 @@ def spark_session(
     jars = local_jars()
     if jars:
         settings["spark.jars"] = ",".join(jars)
+    for k in _launcher_settings(settings):
+        del settings[k]  # spark-submit's --master / --conf / --jars win over our defaults
     for k, v in (conf or {}).items():
         settings[str(k)] = str(v)
     if settings.get("spark.master", "").startswith("local"):
@@ -87,4 +101,20 @@ def spark_session(
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        _require_delta(spark)
     return spark
+
+
+def _require_delta(spark: Any) -> None:
+    """Under spark-submit the driver's classpath is fixed before this code runs, so the Delta jars must
+    have been given to spark-submit itself; say how instead of failing later on the first table."""
+    from py4j.java_gateway import JavaClass
+
+    if not isinstance(spark._jvm.org.apache.spark.sql.delta.catalog.DeltaCatalog, JavaClass):
+        from pipeline.errors import ConfigError
+
+        raise ConfigError(
+            "Delta Lake is not on the driver's classpath. Under spark-submit pass the jars set-up fetched: "
+            "--jars \"$(ls jars/lib/*.jar | paste -sd, -)\" (or --packages with io.delta:delta-spark_2.13 "
+            "and org.apache.spark:spark-sql-kafka-0-10_2.13 at the versions in jars/pom.xml)")

@@ -198,6 +198,7 @@ def test_debezium_kafka_to_mirror_to_immediate_stream_table(
     imm = st.start(name)
     actions: Counter[str] = Counter()
     for rnd in range(1, 6):
+        round_started = time.time()
         model.round(25)
         if rnd == 2:
             model.garbage()
@@ -213,7 +214,11 @@ def test_debezium_kafka_to_mirror_to_immediate_stream_table(
         _check_mirror(spark, mirror, model, where)
         _wait(imm, "IMMEDIATE stream table")
         assert_matches(spark, st, name, query, where)
-        actions.update(h["action"] for h in st.history(name, limit=3) if h.get("action"))
+        recent = [h for h in st.history(name, limit=50)
+                  if h.get("action") not in (None, "NO_DATA") and h["started_at"] >= round_started]
+        actions.update(h["action"] for h in recent)
+        if rnd == 3:  # a truncate re-bases the dependents with a FULL refresh
+            assert any(h["action"] == "FULL" and "truncated" in (h.get("reason") or "") for h in recent), recent
     ingest.stop()
     producer.close()
     assert actions["DIFFERENTIAL"] > 0, actions

@@ -1,0 +1,245 @@
+"""End-to-end freshness and throughput through Kafka: Debezium event produced -> visible in a stream table.
+
+    ./dev bench kafka                           # rates 500,1000,2000 events/s, 30 s each
+    ./dev bench kafka --rates 1000 --seconds 20
+
+A real Kafka broker (services/kafka.py, KRaft) carries Debezium change events for two tables, ``customers``
+(a small dimension, updated now and then: join-key changes) and ``orders`` (inserts at the target rate,
+plus updates and deletes of recent orders). The job's pieces run in one Spark application as ``trickle
+run`` runs them: one ingestion query per topic (Debezium -> Delta mirror, :mod:`connectors.kafka_mirror`)
+and one IMMEDIATE stream table, a join + aggregate::
+
+    SELECT c.region, COUNT(*) AS n, SUM(o.amount) AS total
+    FROM orders o JOIN customers c ON o.customer_id = c.id GROUP BY c.region
+
+Freshness of an order insert = commit time of the first stream table commit whose frontier covers the
+mirror version that applied it - the time the producer sent it. Read afterwards from the mirror's Change
+Data Feed (which version applied each order id) and the Delta logs (commit times, frontiers); split into
+"Kafka -> mirror" and "mirror -> stream table". A rate is *sustained* when freshness does not grow over the
+run (last third's median <= 1.5 x first third's + 1 s) and the stream table catches up within 60 s after
+the producer stops. Nothing here asserts a time; the result must equal the query (checked, reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.streaming import percentile  # noqa: E402
+
+QUERY = ("SELECT c.region, COUNT(*) AS n, SUM(o.amount) AS total FROM {orders} o "
+         "JOIN {customers} c ON o.customer_id = c.id GROUP BY c.region")
+CUSTOMERS = 200
+
+
+class Feed:
+    """Debezium envelopes (JsonConverter without the schema wrapper) for the two tables, with LSNs."""
+
+    def __init__(self, producer: Any, orders_topic: str, customers_topic: str, seed: int = 1) -> None:
+        self.p, self.orders_topic, self.customers_topic = producer, orders_topic, customers_topic
+        self.rng = random.Random(seed)
+        self.lsn = 1_000
+        self.next_id = 1
+        self.open: list[int] = []
+        self.sent_at: dict[int, float] = {}  # order id -> when its create was handed to the producer
+
+    def _send(self, topic: str, key: int, op: str, before: dict[str, Any] | None, after: dict[str, Any] | None
+              ) -> None:
+        self.lsn += 8
+        now_ms = int(time.time() * 1000)
+        env = {"before": before, "after": after, "op": op, "ts_ms": now_ms,
+               "source": {"lsn": self.lsn, "ts_ms": now_ms, "connector": "postgresql", "table": topic}}
+        self.p.send(topic, key=json.dumps({"id": key}).encode(), value=json.dumps(env).encode())
+
+    def customer(self, cid: int) -> None:
+        row = {"id": cid, "name": f"c{cid}", "region": f"r{self.rng.randrange(8)}"}
+        self._send(self.customers_topic, cid, "c", None, row)
+
+    def order_row(self, oid: int) -> dict[str, Any]:
+        return {"id": oid, "customer_id": self.rng.randrange(1, CUSTOMERS + 1),
+                "amount": round(self.rng.uniform(1, 500), 2)}
+
+    def tick(self, n: int) -> None:
+        """``n`` events: ~80% order inserts, ~10% updates, ~5% deletes of recent orders, ~5% customer
+        region changes (a join-key change on the dimension side)."""
+        for _ in range(n):
+            p = self.rng.random()
+            if p < 0.80 or len(self.open) < 10:
+                oid = self.next_id
+                self.next_id += 1
+                self.sent_at[oid] = time.time()
+                self._send(self.orders_topic, oid, "c", None, self.order_row(oid))
+                self.open.append(oid)
+            elif p < 0.90:
+                oid = self.rng.choice(self.open[-500:])
+                self._send(self.orders_topic, oid, "u", None, self.order_row(oid))
+            elif p < 0.95:
+                oid = self.open.pop(self.rng.randrange(max(0, len(self.open) - 500), len(self.open)))
+                self._send(self.orders_topic, oid, "d", {"id": oid}, None)
+            else:
+                self.customer(self.rng.randrange(1, CUSTOMERS + 1))
+
+
+def run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: float) -> dict[str, Any]:
+    from kafka import KafkaProducer
+
+    from connectors import kafka_mirror
+    from connectors.debezium import SourceSchema
+    from connectors.delta_log import DeltaLog
+
+    orders, customers, name = f"k_orders_{rate}", f"k_customers_{rate}", f"k_by_region_{rate}"
+    for t in (orders, customers):
+        broker.create_topic(f"shop.public.{t}", partitions=1)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks=1, linger_ms=20)
+    feed = Feed(producer, f"shop.public.{orders}", f"shop.public.{customers}", seed=rate)
+    for cid in range(1, CUSTOMERS + 1):
+        feed.customer(cid)
+    feed.tick(2_000)
+    producer.flush()
+    srcs = [kafka_mirror.KafkaSource(orders, f"shop.public.{orders}", broker.bootstrap,
+                                     SourceSchema((("id", "BIGINT"), ("customer_id", "INT"), ("amount", "DOUBLE")),
+                                                  ("id",))),
+            kafka_mirror.KafkaSource(customers, f"shop.public.{customers}", broker.bootstrap,
+                                     SourceSchema((("id", "INT"), ("name", "STRING"), ("region", "STRING")),
+                                                  ("id",)))]
+    queries = [kafka_mirror.start(spark, s, f"{wh}/ckpt_{s.name}", trigger_seconds=0.5) for s in srcs]
+    for q in queries:
+        q.processAllAvailable()
+    st.create_stream_table(name, QUERY.format(orders=orders, customers=customers), refresh_mode="IMMEDIATE")
+    st.start(name)
+    d = st.catalog.get(name)
+    mirror_path = d.sources[orders].path
+    mirror_log, st_log = DeltaLog(spark, mirror_path), DeltaLog(spark, d.path)
+    first_id = feed.next_id
+    time.sleep(3)  # let the first IMMEDIATE micro-batch settle
+    t0 = time.time()
+    batch = max(1, rate // 20)  # 20 sends per second
+    tick = t0
+    sent = 0
+    while time.time() < t0 + seconds:
+        feed.tick(batch)
+        sent += batch
+        tick += batch / rate
+        time.sleep(max(0.0, tick - time.time()))
+    producer.flush()
+    produce_s = time.time() - t0
+    last_id = feed.next_id - 1
+
+    def mirror_has_all() -> int | None:
+        """The mirror version that holds the last order sent, once it is there."""
+        v = mirror_log.latest_version()
+        rows = spark.sql(f"SELECT max(_commit_version) AS v FROM table_changes('{orders}', 1) "
+                         f"WHERE id = {last_id} AND _change_type = 'insert'").first()
+        return int(rows["v"]) if rows and rows["v"] is not None and v is not None else None
+
+    drain_start = time.time()
+    target = None
+    while time.time() - drain_start < 60:
+        target = mirror_has_all()
+        if target is not None:
+            break
+        time.sleep(0.5)
+
+    def covered() -> int:
+        meta = st_log.last_trickle_commit()
+        return int((meta[1].get("frontier") or {}).get(orders, -1)) if meta else -1
+
+    while target is not None and covered() < target and time.time() - drain_start < 60:
+        time.sleep(0.2)
+    drain = time.time() - drain_start
+    caught_up = target is not None and covered() >= target
+    for q in queries:
+        q.processAllAvailable()
+    time.sleep(2)
+    st.stop(name)
+    for q in queries:
+        q.stop()
+    producer.close()
+
+    # which mirror version applied each order insert, and when each version committed
+    applied = {int(r["id"]): int(r["v"]) for r in spark.sql(
+        f"SELECT id, min(_commit_version) AS v FROM table_changes('{orders}', 1) "
+        f"WHERE _change_type = 'insert' AND id >= {first_id} GROUP BY id").collect()}
+    mirror_t = {v: mirror_log.commit_info(v).get("timestamp", 0) / 1000.0 for v in mirror_log.versions()}
+    st_commits: list[tuple[int, float]] = []
+    for v in st_log.versions():
+        meta = st_log.trickle_metadata(v)
+        if meta and meta.get("frontier") and orders in meta["frontier"]:
+            st_commits.append((int(meta["frontier"][orders]), st_log.commit_info(v).get("timestamp", 0) / 1000.0))
+    lags, to_mirror, to_st = [], [], []
+    for oid in range(first_id, last_id + 1):
+        if oid not in applied or oid not in feed.sent_at:
+            continue  # deleted again before it reached the mirror (netted in one micro-batch)
+        mv = applied[oid]
+        seen = [t for f, t in st_commits if f >= mv]
+        if not seen:
+            continue
+        lags.append(min(seen) - feed.sent_at[oid])
+        to_mirror.append(mirror_t[mv] - feed.sent_at[oid])
+        to_st.append(min(seen) - mirror_t[mv])
+    third = max(1, len(lags) // 3)
+    early, late = statistics.median(lags[:third]), statistics.median(lags[-third:])
+    want = sorted(tuple(r) for r in spark.sql(QUERY.format(orders=orders, customers=customers)).collect())
+    got = sorted(tuple(r) for r in st.read(name).collect())
+    same = len(want) == len(got) and all(
+        a[0] == b[0] and a[1] == b[1] and abs((a[2] or 0) - (b[2] or 0)) < 1e-6 * max(1, abs(a[2] or 0))
+        for a, b in zip(want, got, strict=True))
+    refreshes = sum(1 for f, _ in st_commits if f > 0)
+    return {
+        "rate": rate, "seconds": seconds, "events_sent": sent, "produce_s": round(produce_s, 1),
+        "orders_measured": len(lags), "p50_s": statistics.median(lags), "p99_s": percentile(lags, 99),
+        "max_s": max(lags), "kafka_to_mirror_p50_s": statistics.median(to_mirror),
+        "mirror_to_st_p50_s": statistics.median(to_st), "first_third_p50_s": early, "last_third_p50_s": late,
+        "drain_s": drain, "st_refreshes": refreshes, "throughput_events_per_s": sent / produce_s,
+        "sustained": caught_up and late <= 1.5 * early + 1.0, "result_equals_query": same,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default="500,1000,2000", help="change events per second to try")
+    p.add_argument("--seconds", type=float, default=30.0, help="producer run time per rate")
+    args = p.parse_args(argv)
+    from pipeline import StreamTables, spark_session
+    from services.kafka import KafkaBroker
+
+    wh = tempfile.mkdtemp(prefix="trickle-bench-kafka-")
+    broker = KafkaBroker(Path(wh) / "kafka").start()
+    spark = spark_session(app_name="trickle-bench-kafka", warehouse=wh)
+    out: list[dict[str, Any]] = []
+    try:
+        st = StreamTables(spark, root=f"{wh}/_trickle")
+        print("| events/s | sent | p50 s | p99 s | max s | Kafka->mirror p50 | mirror->ST p50 | first third p50 | "
+              "last third p50 | ST refreshes | drain s | sustained | equals query |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+        for rate in (int(r) for r in args.rates.split(",")):
+            f = run_rate(spark, st, broker, wh, rate, args.seconds)
+            out.append(f)
+            print(f"| {rate:,} | {f['events_sent']:,} | {f['p50_s']:.2f} | {f['p99_s']:.2f} | {f['max_s']:.2f} | "
+                  f"{f['kafka_to_mirror_p50_s']:.2f} | {f['mirror_to_st_p50_s']:.2f} | "
+                  f"{f['first_third_p50_s']:.2f} | {f['last_third_p50_s']:.2f} | {f['st_refreshes']} | "
+                  f"{f['drain_s']:.1f} | {f['sustained']} | {f['result_equals_query']} |", flush=True)
+    finally:
+        d = Path(__file__).resolve().parent / "out"
+        d.mkdir(exist_ok=True)
+        (d / f"kafka-freshness-{int(time.time())}.json").write_text(json.dumps(out, indent=1))
+        for q in spark.streams.active:
+            q.stop()
+        spark.stop()
+        broker.stop()
+        shutil.rmtree(wh, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

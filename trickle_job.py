@@ -1,0 +1,22 @@
+"""The ``spark-submit`` entry point: run a conf file's pipeline (the same job as ``trickle run``).
+
+    spark-submit --jars "$(ls jars/lib/*.jar | paste -sd, -)" trickle_job.py conf/pipeline.yaml [--json]
+
+Why a file at the root: spark-submit runs a *file* as ``__main__`` with that file's folder on
+``sys.path``, so this is where the ``pipeline``, ``dvm`` and ``connectors`` packages import from without
+an install. Settings given to spark-submit (``--master``, ``--conf``, ``--jars``) win over the
+small-machine defaults; the conf file's ``spark:`` mapping wins over both. Exit status as ``trickle run``:
+0 after SIGTERM/SIGINT once the current micro-batches are committed, 2 on a configuration error.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pipeline.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["run", *sys.argv[1:]]))
