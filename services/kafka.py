@@ -36,11 +36,12 @@ import subprocess
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["KafkaBroker", "KafkaServiceError", "ensure_kafka_jars"]
+__all__ = ["KafkaBroker", "KafkaServiceError", "ensure_kafka_jars", "ensure_maven_lib"]
 
 HOST = "127.0.0.1"  # loopback only: tests must never expose a broker or depend on host names
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -69,69 +70,105 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _jars_complete(lib: Path, want: str) -> bool:
+def _lib_stamp(pom: Path, fetches: Mapping[str, Sequence[str]] | None) -> str:
+    """What the stamp of a complete ``lib/`` holds: the pom's sha256, plus the fetch layout when one is given.
+
+    The layout (which Maven arguments fill which sub-folder) lives in the caller's Python code, so it is part
+    of the stamp: changing it must refetch. Without one, the stamp is the pom's plain sha256, as ``./dev``
+    writes for ``jars/lib`` (a ``lib/`` fetched before this function existed stays valid).
+    """
+    if fetches is None:
+        return _sha256(pom)
+    layout = json.dumps({k: list(v) for k, v in fetches.items()}, sort_keys=True)
+    return hashlib.sha256(pom.read_bytes() + b"\0" + layout.encode()).hexdigest()
+
+
+def _jars_complete(lib: Path, want: str, subdirs: Sequence[str] = ("",)) -> bool:
     stamp = lib / STAMP_NAME
     try:
-        return stamp.read_text().strip() == want and any(lib.glob("*.jar"))
+        return stamp.read_text().strip() == want and all(any((lib / d).glob("*.jar")) for d in subdirs)
     except OSError:
         return False
 
 
-def ensure_kafka_jars(project_root: Path | None = None) -> Path:
-    """Return ``services/kafka/lib``, fetching the broker's jars with Maven first if needed.
+def ensure_maven_lib(
+    service_dir: Path, what: str, fetches: Mapping[str, Sequence[str]] | None = None
+) -> Path:
+    """Return ``<service_dir>/lib``, filling it first from ``<service_dir>/pom.xml`` with Maven if needed.
 
-    Mirrors ``ensure_jars`` in ``./dev``: the fetch runs only when ``lib/`` is missing or its stamp does
-    not hold the sha256 of ``pom.xml`` (so later runs are offline), Maven downloads into ``lib.tmp``
-    which is renamed into place only when complete (an interrupted fetch never looks done), and
-    concurrent callers are serialised with a lock so they do not fetch over each other.
+    Why shared: every local JVM service (the Kafka broker, Kafka Connect) is a pom whose dependencies are
+    copied once from Maven Central, and each must get the same guarantees. Mirrors ``ensure_jars`` in
+    ``./dev``: the fetch runs only when ``lib/`` is missing or its stamp does not match the pom (so later
+    runs are offline), Maven downloads into ``lib.tmp`` which is renamed into place only when complete (an
+    interrupted fetch never looks done), and concurrent callers are serialised with a lock on the pom so
+    they do not fetch over each other.
+
+    ``fetches`` maps a folder relative to ``lib/`` ("" is ``lib/`` itself) to extra Maven arguments (say
+    ``["-Pdebezium"]``): one ``mvn dependency:copy-dependencies`` per entry, so a service can keep jars that
+    must not share a classpath in separate folders, each resolved on its own. ``what`` names the jars in
+    messages. Errors are :class:`KafkaServiceError`.
     """
-    root = Path(project_root) if project_root is not None else PROJECT_ROOT
-    kafka_dir = root / KAFKA_DIR_REL
-    pom = kafka_dir / "pom.xml"
-    lib = kafka_dir / "lib"
-    tmp = kafka_dir / "lib.tmp"
+    service_dir = Path(service_dir).resolve()  # -f and the cwd below must not stack relative paths
+    pom = service_dir / "pom.xml"
+    lib = service_dir / "lib"
+    tmp = service_dir / "lib.tmp"
+    runs: dict[str, list[str]] = {k: list(v) for k, v in (fetches or {"": []}).items()}
     if not pom.is_file():
-        raise KafkaServiceError(f"{pom} not found; it lists the Kafka broker jars to fetch.")
-    want = _sha256(pom)
-    if _jars_complete(lib, want):
+        raise KafkaServiceError(f"{pom} not found; it lists the {what} jars to fetch.")
+    want = _lib_stamp(pom, fetches)
+    if _jars_complete(lib, want, tuple(runs)):
         return lib
     with open(pom, "rb") as lock:  # flock on the pom itself: no extra lock file to clean up or ignore
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if _jars_complete(lib, want):  # another process fetched them while we waited
+            if _jars_complete(lib, want, tuple(runs)):  # another process fetched them while we waited
                 return lib
             mvn = shutil.which("mvn")
             if mvn is None:
                 raise KafkaServiceError(
-                    f"mvn (Apache Maven) not found on PATH; it is needed once to fetch the Kafka broker "
-                    f"jars into {lib}."
+                    f"mvn (Apache Maven) not found on PATH; it is needed once to fetch the {what} jars "
+                    f"into {lib}."
                 )
             shutil.rmtree(tmp, ignore_errors=True)
-            # A relative -DoutputDirectory is resolved against the pom's folder, not the cwd.
-            cmd = [
-                mvn,
-                "-B",
-                "-q",
-                "-f",
-                str(pom),
-                "dependency:copy-dependencies",
-                "-DoutputDirectory=lib.tmp",
-            ]
-            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-            if proc.returncode != 0:
-                out = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-LOG_TAIL_LINES:])
-                raise KafkaServiceError(
-                    f"Maven could not fetch the Kafka jars (exit {proc.returncode}); it needs network "
-                    f"access once. Last lines of its output:\n{out}"
+            for sub, extra in runs.items():
+                out_dir = (Path("lib.tmp") / sub).as_posix()
+                # A relative -DoutputDirectory is resolved against the pom's folder, not the cwd.
+                cmd = [
+                    mvn,
+                    "-B",
+                    "-q",
+                    "-f",
+                    str(pom),
+                    *extra,
+                    "dependency:copy-dependencies",
+                    f"-DoutputDirectory={out_dir}",
+                ]
+                proc = subprocess.run(
+                    cmd, cwd=service_dir, capture_output=True, text=True, stdin=subprocess.DEVNULL
                 )
-            if not any(tmp.glob("*.jar")):
-                raise KafkaServiceError(f"Maven ran but put no jars into {tmp}.")
+                if proc.returncode != 0:
+                    out = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-LOG_TAIL_LINES:])
+                    raise KafkaServiceError(
+                        f"Maven could not fetch the {what} jars (exit {proc.returncode}); it needs network "
+                        f"access once. Last lines of its output:\n{out}"
+                    )
+                if not any((tmp / sub).glob("*.jar")):
+                    raise KafkaServiceError(f"Maven ran but put no jars into {tmp / sub}.")
             (tmp / STAMP_NAME).write_text(want + "\n")
             shutil.rmtree(lib, ignore_errors=True)
             tmp.rename(lib)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return lib
+
+
+def ensure_kafka_jars(project_root: Path | None = None) -> Path:
+    """Return ``services/kafka/lib``, fetching the broker's jars with Maven first if needed.
+
+    See :func:`ensure_maven_lib`; the broker's jars all go on one classpath, so one fetch into ``lib/``.
+    """
+    root = Path(project_root) if project_root is not None else PROJECT_ROOT
+    return ensure_maven_lib(root / KAFKA_DIR_REL, "Kafka broker")
 
 
 # ------------------------------------------------------------------------------------------- broker
