@@ -27,6 +27,10 @@ from typing import Any
 
 from pipeline.errors import CatalogError
 
+#: Refresh-history records kept per stream table (older ones are pruned as new ones are appended).
+HISTORY_KEEP = int(os.environ.get("TRICKLE_HISTORY_KEEP", "1000"))
+HISTORY_PRUNE_EVERY = 100
+
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MODES = ("AUTO", "DIFFERENTIAL", "FULL", "IMMEDIATE")
 STATUSES = ("ACTIVE", "SUSPENDED", "ERROR")
@@ -87,6 +91,7 @@ class Catalog:
         self.root = Path(root)
         (self.root / "stream_tables").mkdir(parents=True, exist_ok=True)
         (self.root / "history").mkdir(parents=True, exist_ok=True)
+        self._appended: dict[str, int] = {}
 
     def table_path(self, name: str) -> str:
         return str(self.root / "tables" / name.lower())
@@ -139,6 +144,20 @@ class Catalog:
         ts = f"{record.get('started_at', time.time()):017.6f}".replace(".", "")
         _write_atomic(self.root / "history" / name.lower() / f"{ts}-{record['refresh_id']}.json",
                       json.dumps(record, sort_keys=True))
+        n = self._appended[name.lower()] = self._appended.get(name.lower(), 0) + 1
+        if n % HISTORY_PRUNE_EVERY == 1:
+            self.prune_history(name)
+
+    def prune_history(self, name: str, keep: int | None = None) -> int:
+        """Delete all but the newest ``keep`` records (default ``HISTORY_KEEP``): a table refreshed every
+        second records a NO_DATA decision every second, and the history must not grow without bound."""
+        keep = HISTORY_KEEP if keep is None else keep
+        d = self.root / "history" / name.lower()
+        files = sorted(d.glob("*.json")) if d.is_dir() else []
+        old = files[:max(0, len(files) - keep)]
+        for f in old:
+            f.unlink(missing_ok=True)
+        return len(old)
 
     def history(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
         d = self.root / "history" / name.lower()

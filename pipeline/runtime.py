@@ -39,7 +39,8 @@ class Runtime:
         self.checkpoints = Path(conf.checkpoints or warehouse / "_checkpoints")
         self.ingestion: dict[str, Any] = {}
         self.immediate: dict[str, Any] = {}
-        self._dead: set[tuple[str, str]] = set()  # (kind, name) of stopped queries already reported
+        self._sources: dict[str, tuple[Any, str, float]] = {}  # Kafka source name -> (source, checkpoint, trigger)
+        self._restarts: dict[tuple[str, str], tuple[int, float]] = {}  # (kind, name) -> (restarts, next try)
 
     # --- start-up ---
 
@@ -56,6 +57,7 @@ class Runtime:
                     dead_letter=spec.dead_letter or "", starting_offsets=spec.starting_offsets,
                     options=dict(spec.kafka_options))
                 ckpt = self.checkpoints / f"mirror_{spec.name}"
+                self._sources[spec.name] = (src, str(ckpt), spec.trigger_seconds)
                 self.ingestion[spec.name] = kafka_mirror.start(self.spark, src, str(ckpt), spec.trigger_seconds)
                 self.log.event("ingesting", source=spec.name, topic=spec.topic, mirror=spec.name,
                                dead_letter=src.dead_letter_table)
@@ -118,11 +120,40 @@ class Runtime:
             self.log.event("stopped", name=name)
 
     def _check_queries(self) -> None:
+        """Restart a streaming query that died, with exponential back-off (the runtime's retry settings).
+
+        Safe because both kinds are exactly-once from their checkpoints: ingestion re-applies a batch
+        with the same Delta transaction id (skipped), an IMMEDIATE refresh finds its versions applied.
+        One known cause besides broker or storage outages: Spark 4.1.1's Kafka source throws a
+        NullPointerException while reporting progress of the first batch after a crash (SPARK-55271,
+        fixed upstream after 4.1.1), after that batch committed; the restarted query continues."""
+        from connectors import kafka_mirror
+
+        rt = self.conf.runtime
+        now = time.time()
         for kind, queries in (("ingestion", self.ingestion), ("stream table", self.immediate)):
-            for name, q in queries.items():
-                if q is not None and not q.isActive and (kind, name) not in self._dead:
-                    self._dead.add((kind, name))
-                    self.log.error(f"{kind} query of {name} stopped: {q.exception()}")
+            for name, q in list(queries.items()):
+                if q is None or q.isActive:
+                    continue
+                n, at = self._restarts.get((kind, name), (0, 0.0))
+                if at == 0.0 or at < 0:
+                    delay = min(rt.retry_backoff_max_seconds, rt.retry_backoff_seconds * 2 ** n)
+                    self._restarts[(kind, name)] = (n, now + delay)
+                    self.log.error(f"{kind} query of {name} stopped: {q.exception()}; restarting in {delay:.1f} s")
+                    continue
+                if now < at:
+                    continue
+                try:
+                    if kind == "ingestion":
+                        src, ckpt, trigger = self._sources[name]
+                        queries[name] = kafka_mirror.start(self.spark, src, ckpt, trigger)
+                    else:
+                        queries[name] = self.st.start(name)
+                    self._restarts[(kind, name)] = (n + 1, 0.0)
+                    self.log.event("restarted", kind=kind, name=name, restarts=n + 1)
+                except Exception as e:  # noqa: BLE001 - retried with a longer back-off
+                    self._restarts[(kind, name)] = (n + 1, -1.0)
+                    self.log.error(f"cannot restart the {kind} query of {name}: {type(e).__name__}: {e}")
 
     def _set_status(self, name: str, status: str, reason: str) -> None:
         d = self.st.catalog.get(name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -475,3 +476,46 @@ def test_runtime_records_scheduler_decisions_in_history(tmp_path: Any) -> None:
     assert "upstream u" in hist[1]["reason"] and "every day" in hist[2]["reason"]
     assert cat.get("t").status == "ERROR"
     assert not any(w == "error" and "cannot record" in str(f) for w, f in events)
+
+
+def test_runtime_restarts_a_dead_streaming_query_with_backoff(tmp_path: Any) -> None:
+    """A streaming query that died is restarted after the back-off (and again, later, if it dies again),
+    instead of leaving its stream table stale until someone restarts the job."""
+    from types import SimpleNamespace
+
+    from pipeline.conf import load_conf
+    from pipeline.runtime import Runtime
+
+    conf_file = tmp_path / "c.yaml"
+    conf_file.write_text("stream_tables: []\nruntime:\n  retry_backoff_seconds: 0.2\n")
+    started: list[str] = []
+
+    def start(name: str) -> Any:
+        started.append(name)
+        return SimpleNamespace(isActive=True, exception=lambda: None)
+
+    errors: list[str] = []
+    log = SimpleNamespace(event=lambda what, **f: None, error=errors.append)
+    rt = Runtime(SimpleNamespace(spark=None, catalog=None, start=start), load_conf(conf_file), log, tmp_path)  # type: ignore[arg-type]
+    dead = SimpleNamespace(isActive=False, exception=lambda: "NullPointerException: boom")
+    rt.immediate["t"] = dead
+    rt._check_queries()
+    assert not started and "restarting in 0.2 s" in errors[-1]
+    rt._check_queries()
+    assert not started  # still in back-off
+    time.sleep(0.25)
+    rt._check_queries()
+    assert started == ["t"] and rt.immediate["t"].isActive
+    rt.immediate["t"] = dead  # dies again: the next back-off is twice as long
+    rt._check_queries()
+    assert "restarting in 0.4 s" in errors[-1]
+
+
+def test_history_is_pruned_to_the_newest_records(tmp_path: Any) -> None:
+    from pipeline import catalog as cat_mod
+
+    cat = cat_mod.Catalog(tmp_path / "trickle")
+    for i in range(cat_mod.HISTORY_PRUNE_EVERY * 2 + 1):
+        cat.append_history("t", {"refresh_id": f"r{i}", "started_at": 1000.0 + i, "action": "NO_DATA"})
+    assert cat.prune_history("t", keep=10) > 0
+    assert [h["refresh_id"] for h in cat.history("t", limit=100)] == [f"r{i}" for i in range(200, 190, -1)]
