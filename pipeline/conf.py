@@ -276,6 +276,7 @@ def load_conf(path: str | os.PathLike[str]) -> TrickleConf:
     specs = _stream_tables(p, data.get("stream_tables"))
     sources = _sources(p, data.get("sources"))
     _check_names(p, sources, specs)
+    _check_graph(p, specs)
     runtime = _runtime(p, data.get("runtime"))
     return TrickleConf(
         path=p,
@@ -705,6 +706,64 @@ def _check_names(
                     f"{path}: sources[{i}] {src.name!r}: 'dead_letter' {src.dead_letter!r} is the name of "
                     f"{other}; give the dead-letter table its own name"
                 )
+
+
+def query_sources(spec: StreamTableSpec) -> list[str]:
+    """The tables a stream table's query reads (lower case, ``db.table`` or ``table``)."""
+    import dvm
+
+    return dvm.source_keys(spec.query)
+
+
+def _check_graph(path: Path, specs: list[StreamTableSpec]) -> None:
+    """Each query must parse, and stream tables must not read themselves, directly or through others."""
+    from dvm.errors import TrickleError as DvmError
+
+    index = {s.name.lower(): i for i, s in enumerate(specs)}
+    reads: dict[str, list[str]] = {}
+    for i, spec in enumerate(specs):
+        try:
+            reads[spec.name.lower()] = [r for r in query_sources(spec) if r in index]
+        except DvmError as exc:
+            raise ConfigError(f"{path}: stream_tables[{i}] {spec.name!r}.query: {exc}") from None
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(name: str, trail: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = trail[trail.index(name):] + [name]
+            first = specs[index[cycle[0]]]
+            raise ConfigError(f"{path}: stream_tables[{index[cycle[0]]}] {first.name!r}.query: cycle "
+                              f"{' -> '.join(cycle)}; a stream table cannot read itself, directly or "
+                              "through other stream tables")
+        state[name] = 1
+        for up in reads[name]:
+            visit(up, trail + [name])
+        state[name] = 2
+
+    for name in reads:
+        visit(name, [])
+
+
+def creation_order(specs: list[StreamTableSpec]) -> list[StreamTableSpec]:
+    """Stream tables in an order where each comes after the conf's stream tables it reads."""
+    index = {s.name.lower(): s for s in specs}
+    out: list[StreamTableSpec] = []
+    done: set[str] = set()
+
+    def add(spec: StreamTableSpec) -> None:
+        if spec.name.lower() in done:
+            return
+        done.add(spec.name.lower())
+        for up in query_sources(spec):
+            if up in index:
+                add(index[up])
+        out.append(spec)
+
+    for spec in specs:
+        add(spec)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ runtime

@@ -50,6 +50,7 @@ class Runtime:
         from connectors.debezium import SourceSchema
         from pipeline.conf import KafkaSourceSpec
 
+        self.check_sources()
         for spec in self.conf.sources:
             if isinstance(spec, KafkaSourceSpec):
                 src = kafka_mirror.KafkaSource(
@@ -68,9 +69,26 @@ class Runtime:
                 raise ConfigError(f"{self.conf.path}: Delta source {spec.name!r} does not exist (create it, or "
                                   "give its 'path')")
 
+    def check_sources(self) -> None:
+        """Fail at start, naming the conf file and key, when a stream table reads a table that is neither
+        a conf source, nor a conf or catalog stream table, nor a table Spark knows."""
+        from pipeline.conf import query_sources
+
+        known = {s.name.lower() for s in self.conf.sources} | {s.name.lower() for s in self.conf.stream_tables}
+        for i, spec in enumerate(self.conf.stream_tables):
+            for ref in query_sources(spec):
+                if ref in known or self.st.catalog.exists(ref) or self.spark.catalog.tableExists(ref):
+                    continue
+                raise ConfigError(f"{self.conf.path}: stream_tables[{i}] {spec.name!r}.query: unknown source "
+                                  f"{ref!r}: declare it under 'sources' (kind: kafka or delta), or create the "
+                                  "table first")
+
     def create_stream_tables(self, stop: threading.Event) -> None:
+        from pipeline.conf import creation_order
+
+        self.check_sources()
         existing = {str(r.get("name")) for r in self.st.status()}
-        for spec in self.conf.stream_tables:
+        for spec in creation_order(self.conf.stream_tables):
             if spec.name.lower() in existing or stop.is_set():
                 continue
             self.st.create_stream_table(spec.name, spec.query, schedule=spec.schedule,

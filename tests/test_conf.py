@@ -797,3 +797,46 @@ def test_spark_settings_are_strings(tmp_path: Path) -> None:
     spark = {"spark.sql.adaptive.enabled": True, "spark.sql.shuffle.partitions": 4}
     conf = load(tmp_path, {"spark": spark})
     assert conf.spark == {"spark.sql.adaptive.enabled": "true", "spark.sql.shuffle.partitions": "4"}
+
+
+def test_cycle_between_stream_tables_fails_naming_file_and_key(tmp_path: Path) -> None:
+    p = tmp_path / "cycle.yaml"
+    p.write_text("""
+stream_tables:
+  - name: a
+    query: SELECT x FROM b
+  - name: b
+    query: SELECT x FROM c
+  - name: c
+    query: SELECT x FROM a JOIN src ON a.x = src.x
+""")
+    with pytest.raises(ConfigError) as e:
+        load_conf(p)
+    msg = str(e.value)
+    assert str(p) in msg and "stream_tables[0] 'a'.query" in msg and "cycle a -> b -> c -> a" in msg
+
+
+def test_self_reference_and_invalid_sql_fail_at_load(tmp_path: Path) -> None:
+    p = tmp_path / "self.yaml"
+    p.write_text("stream_tables:\n  - name: a\n    query: SELECT x FROM a\n")
+    with pytest.raises(ConfigError, match=r"stream_tables\[0\] 'a'.query: cycle a -> a"):
+        load_conf(p)
+    p.write_text("stream_tables:\n  - name: a\n    query: SELEC x FROM t\n")
+    with pytest.raises(ConfigError, match=r"self.yaml: stream_tables\[0\] 'a'.query: .*SQL"):
+        load_conf(p)
+
+
+def test_stream_tables_are_created_upstream_first(tmp_path: Path) -> None:
+    from pipeline.conf import creation_order
+
+    p = tmp_path / "order.yaml"
+    p.write_text("""
+stream_tables:
+  - name: top
+    query: SELECT x FROM mid
+  - name: mid
+    query: SELECT x FROM base
+  - name: base
+    query: SELECT x FROM src
+""")
+    assert [s.name for s in creation_order(load_conf(p).stream_tables)] == ["base", "mid", "top"]

@@ -180,3 +180,30 @@ def test_drop_with_dependents_is_catalog_error_naming_them(
     st.drop_stream_table(down)
     st.drop_stream_table(up)
     assert {s["name"] for s in st.status()}.isdisjoint({up, down})
+
+
+def test_conf_with_an_unknown_source_fails_at_start(spark: Any, st: Any, make_source: Any, tmp_path: Any) -> None:
+    """`trickle run` refuses to start when a stream table reads a table nobody declared or created,
+    naming the file and the key, before any ingestion query starts."""
+    from types import SimpleNamespace
+
+    from pipeline.conf import load_conf
+    from pipeline.errors import ConfigError
+    from pipeline.runtime import Runtime
+
+    real = make_source("known_src", "x INT", rows=[(1,)])
+    conf_file = tmp_path / "pipeline.yaml"
+    conf_file.write_text(f"""
+stream_tables:
+  - name: fine
+    query: SELECT x FROM {real}
+  - name: broken
+    query: SELECT f.x FROM fine f JOIN no_such_table_anywhere n ON f.x = n.x
+""")
+    rt = Runtime(st, load_conf(conf_file), SimpleNamespace(event=lambda *a, **k: None, error=print), tmp_path)
+    with pytest.raises(ConfigError) as e:
+        rt.start_sources()
+    msg = str(e.value)
+    assert str(conf_file) in msg and "stream_tables[1] 'broken'.query" in msg, msg
+    assert "unknown source 'no_such_table_anywhere'" in msg and "declare it under 'sources'" in msg
+    assert not rt.ingestion and not st.status()

@@ -69,7 +69,7 @@ def test_postgres_debezium_kafka_to_stream_tables(spark: Any, services: Any, uni
         out = []
         for _ in range(n):
             amount = None if rng.random() < 0.1 else Decimal(rng.randrange(-1000, 90000)) / 100
-            out.append(f"({next_order}, {rng.choice([*range(1, 11), None])}, {_lit(amount)}, "
+            out.append(f"({next_order}, {_lit(rng.choice([*range(1, 11), None]))}, {_lit(amount)}, "
                        f"{_lit(rng.choice(statuses))})")
             next_order += 1
         return ", ".join(out)
