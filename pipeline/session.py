@@ -39,6 +39,11 @@ SMALL_MACHINE_DEFAULTS: dict[str, str] = {
     "spark.driver.memory": "4g",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+    # A refresh runs inside a streaming query's thread (IMMEDIATE foreachBatch), already deep in frames;
+    # a join + aggregate delta is long SQL text, and a JDK regex over it recursed past the default 1 MB
+    # thread stack (StackOverflowError measured in benchmarks/kafka_freshness.py). Stacks are reserved
+    # lazily, so a larger default costs address space, not memory.
+    "spark.driver.extraJavaOptions": "-Xss16m",
 }
 
 
