@@ -116,7 +116,7 @@ def run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: floa
     for q in queries:
         q.processAllAvailable()
     st.create_stream_table(name, QUERY.format(orders=orders, customers=customers), refresh_mode="IMMEDIATE")
-    st.start(name)
+    imm = st.start(name)
     d = st.catalog.get(name)
     mirror_path = d.sources[orders].path
     mirror_log, st_log = DeltaLog(spark, mirror_path), DeltaLog(spark, d.path)
@@ -158,6 +158,12 @@ def run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: floa
         time.sleep(0.2)
     drain = time.time() - drain_start
     caught_up = target is not None and covered() >= target
+    for q in (imm, *queries):
+        if q.exception() is not None:
+            raise RuntimeError(f"streaming query {q.name} failed: {q.exception()}")
+    if not caught_up:
+        print(f"not caught up: mirror target {target}, covered {covered()}, IMMEDIATE progress "
+              f"{imm.lastProgress}", flush=True)
     for q in queries:
         q.processAllAvailable()
     time.sleep(2)
@@ -187,6 +193,8 @@ def run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: floa
         lags.append(min(seen) - feed.sent_at[oid])
         to_mirror.append(mirror_t[mv] - feed.sent_at[oid])
         to_st.append(min(seen) - mirror_t[mv])
+    if not lags:
+        raise RuntimeError(f"no stream table commit covered an order sent at {rate}/s (covered {covered()})")
     third = max(1, len(lags) // 3)
     early, late = statistics.median(lags[:third]), statistics.median(lags[-third:])
     want = sorted(tuple(r) for r in spark.sql(QUERY.format(orders=orders, customers=customers)).collect())
@@ -209,13 +217,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="500,1000,2000", help="change events per second to try")
     p.add_argument("--seconds", type=float, default=30.0, help="producer run time per rate")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark settings")
     args = p.parse_args(argv)
     from pipeline import StreamTables, spark_session
     from services.kafka import KafkaBroker
 
     wh = tempfile.mkdtemp(prefix="trickle-bench-kafka-")
     broker = KafkaBroker(Path(wh) / "kafka").start()
-    spark = spark_session(app_name="trickle-bench-kafka", warehouse=wh)
+    spark = spark_session(app_name="trickle-bench-kafka", warehouse=wh,
+                          conf=dict(kv.split("=", 1) for kv in args.conf))
     out: list[dict[str, Any]] = []
     try:
         st = StreamTables(spark, root=f"{wh}/_trickle")
