@@ -109,11 +109,14 @@ class Refresher:
         call (the *pin*, taken lazily at first read), so two upstream stream tables that both read the same
         base table reach the same version of it before the downstream combines them. If another process
         moved an upstream past the pin meanwhile, the downstream's consistency check (see
-        :meth:`base_frontier`) fails and the whole call is retried with a fresh pin."""
+        :meth:`base_frontier`) fails and the call is retried with the base table pinned at the newer of
+        the two versions, which brings the lagging upstream forward instead of chasing the latest."""
+        pin: dict[str, int] = {}
         for attempt in range(1, CONSISTENCY_ATTEMPTS + 1):
             try:
-                return self._refresh_tree(name, set(), {})
+                return self._refresh_tree(name, set(), pin)
             except _Inconsistent as e:
+                pin = {e.path: e.version}
                 if attempt == CONSISTENCY_ATTEMPTS:
                     raise RefreshError(f"stream table {name}: upstream stream tables stayed inconsistent "
                                        f"after {attempt} attempts ({e}); they are refreshed concurrently by "
@@ -175,7 +178,7 @@ class Refresher:
         def add(path: str, version: int, via: str) -> None:
             if path in out and out[path] != version:
                 raise _Inconsistent(f"{via} reflects version {version} of {path} but {origin[path]} reflects "
-                                    f"version {out[path]}")
+                                    f"version {out[path]}", path, max(version, out[path]))
             out[path] = version
             origin.setdefault(path, via)
 
@@ -374,11 +377,15 @@ class Refresher:
 
 
 #: How often one refresh call retries when upstream stream tables reflect different base versions.
-CONSISTENCY_ATTEMPTS = 3
+CONSISTENCY_ATTEMPTS = 5
 
 
 class _Inconsistent(Exception):
-    """Inputs of a refresh reflect different versions of one base table (retried with a fresh pin)."""
+    """Inputs of a refresh reflect different versions of one base table: ``path`` at up to ``version``."""
+
+    def __init__(self, message: str, path: str, version: int) -> None:
+        super().__init__(message)
+        self.path, self.version = path, version
 
 
 def _first_line(e: BaseException) -> str:

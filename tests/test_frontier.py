@@ -163,27 +163,39 @@ def test_diamond_is_consistent_under_concurrent_refreshes(spark: Any, st: Any, m
             except Exception as e:  # noqa: BLE001 - retries are allowed to give up; others are bugs
                 if "inconsistent" not in str(e):
                     errors.append(e)
-            stop.wait(0.2)
+            stop.wait(1.0)
 
     threads = [threading.Thread(target=writer), threading.Thread(target=cli)]
     for t in threads:
         t.start()
     d_path = st.catalog.get("d_d").path
+    a_path = st.catalog.get("d_b").sources[a.lower()].path
+    log = DeltaLog(spark, d_path)
+
+    def versions_of_a() -> set[int]:
+        """The versions of A that D's differential commits so far reflect."""
+        out = set()
+        for v in log.versions():
+            meta = log.trickle_metadata(v)
+            if meta and meta.get("action") == "DIFFERENTIAL" and meta.get("base_frontier"):
+                out.add(int(meta["base_frontier"][a_path]))
+        return out
+
     try:
         with Scheduler(st.refresh_stream_table, lambda *x: None, threads=2) as sched:
-            deadline = time.time() + 240
-            while len(DeltaLog(spark, d_path).versions()) < 7 and time.time() < deadline and not errors:
+            deadline = time.time() + 600
+            while len(versions_of_a()) < 3 and time.time() < deadline and not errors:
                 sched.sync(st.status())
                 for o in sched.tick():
-                    assert o.ok or o.skipped_reason, o.error
+                    # giving up after repeated interference from the "CLI" is allowed (it is retried on
+                    # the next slot); anything else is a bug. What must never happen is checked below.
+                    assert o.ok or o.skipped_reason or "inconsistent" in (o.error or ""), o.error
                 time.sleep(0.2)
     finally:
         stop.set()
         for t in threads:
             t.join()
     assert not errors, errors
-    log = DeltaLog(spark, d_path)
-    a_path = st.catalog.get("d_b").sources[a.lower()].path
     checked = set()
     for v in log.versions():
         meta = log.trickle_metadata(v)
