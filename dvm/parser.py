@@ -15,8 +15,25 @@ from sqlglot import exp
 from sqlglot.errors import OptimizeError, ParseError
 from sqlglot.optimizer.qualify import qualify
 
+import dvm.operators.aggregates as aggregates
+from dvm import rewrite
 from dvm.errors import QueryError, UnsupportedError
-from dvm.operators import AggCall, Aggregate, Filter, InnerJoin, LeftJoin, Node, Project, Scan, UnionAll
+from dvm.operators import (
+    AggCall,
+    Aggregate,
+    AntiJoin,
+    Filter,
+    FullJoin,
+    InnerJoin,
+    LeftJoin,
+    Mark,
+    MarkJoin,
+    Node,
+    Project,
+    Scan,
+    SemiJoin,
+    UnionAll,
+)
 
 #: functions whose value changes between evaluations: a delta computed with them would not add up
 VOLATILE = {
@@ -26,9 +43,8 @@ VOLATILE = {
 }
 VOLATILE_EXP = (exp.Rand, exp.Randn, exp.CurrentTimestamp, exp.CurrentDate, exp.Uuid)
 
-AGG_FUNCS: dict[type[exp.Expression], str] = {
-    exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max",
-}
+#: aggregate functions maintained differentially (sqlglot node -> canonical name); see dvm.operators.aggregates
+AGG_FUNCS: dict[type[exp.Expression], str] = aggregates.FUNCTIONS
 
 
 def table_key(table: exp.Table) -> str:
@@ -98,11 +114,22 @@ def reject_unsupported(tree: exp.Expression) -> None:
         if isinstance(node, (exp.Exists, exp.Any, exp.All)) or (
             isinstance(node, exp.In) and node.args.get("query") is not None
         ):
-            raise UnsupportedError("subquery predicate", f"subquery predicates ({node.sql('spark')[:80]}) "
-                                   "are not maintained differentially yet; use refresh_mode='FULL' or AUTO")
-        if isinstance(node, (exp.Cube, exp.Rollup, exp.GroupingSets)):
-            raise UnsupportedError("GROUPING SETS", "GROUPING SETS / CUBE / ROLLUP are not maintained "
-                                   "differentially yet; use refresh_mode='FULL' or AUTO")
+            pred = rewrite.predicate_of(node)
+            if pred is None or not rewrite.in_where_position(pred):
+                raise UnsupportedError("subquery predicate", f"subquery predicate {node.sql('spark')[:80]} is "
+                                       "maintained differentially only in a WHERE clause, combined with AND / "
+                                       "OR / NOT (not in SELECT, ON, HAVING or inside other expressions); "
+                                       "move it there or use refresh_mode='FULL' or AUTO")
+        if isinstance(node, exp.Subquery) and not isinstance(
+            node.parent, (exp.From, exp.Join, exp.In, exp.Exists, exp.Any, exp.All, exp.SetOperation,
+                          exp.Subquery, exp.CTE)
+        ) and node.parent is not None:
+            raise UnsupportedError("scalar subquery", f"scalar subquery {node.sql('spark')[:80]} is not "
+                                   "maintained differentially yet; join the subquery in FROM instead (e.g. "
+                                   "CROSS JOIN (SELECT ... ) for an uncorrelated one) or use "
+                                   "refresh_mode='FULL' or AUTO")
+        if isinstance(node, exp.Group):
+            aggregates.grouping_sets(node)  # refuses more than MAX_GROUPING_SETS branches
         if isinstance(node, VOLATILE_EXP) or (
             isinstance(node, exp.Func) and node.name.lower() in VOLATILE
         ):
@@ -110,20 +137,24 @@ def reject_unsupported(tree: exp.Expression) -> None:
             raise UnsupportedError("volatile function", f"non-deterministic function {name}() gives a "
                                    "different value at every evaluation, so its deltas do not add up; "
                                    "compute it in the source table, or use refresh_mode='FULL'")
-        if isinstance(node, exp.AggFunc) and type(node) not in AGG_FUNCS:
-            raise UnsupportedError(f"aggregate {node.key}", f"aggregate {node.sql('spark')[:60]} is not "
-                                   "maintained differentially yet (supported: COUNT, SUM, AVG, MIN, MAX); "
-                                   "use refresh_mode='FULL' or AUTO")
-        if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct):
-            raise UnsupportedError("COUNT(DISTINCT)", "COUNT(DISTINCT ...) is not maintained "
-                                   "differentially yet; use refresh_mode='FULL' or AUTO")
-        if isinstance(node, exp.Filter):
-            raise UnsupportedError("aggregate FILTER", "aggregate FILTER (WHERE ...) is not maintained "
-                                   "differentially yet; use CASE WHEN inside the aggregate")
+        if (isinstance(node, exp.AggFunc) and type(node) not in AGG_FUNCS
+                and not isinstance(node, aggregates.GROUPING_FUNCS)):
+            raise aggregates.unsupported(f"aggregate {node.key}", node.sql("spark")[:60],
+                                         aggregates.HINTS.get(type(node), ""))
+        if isinstance(node, exp.Anonymous) and node.name.lower() in aggregates.UNTYPED_AGGREGATES:
+            raise aggregates.unsupported(f"aggregate {node.name.lower()}", node.sql("spark")[:60])
+        if isinstance(node, exp.WithinGroup):
+            raise aggregates.unsupported(f"aggregate {node.this.key}", aggregates.shown(node),
+                                         aggregates.HINTS.get(type(node.this), "WITHIN GROUP is supported "
+                                                              "for STRING_AGG / LISTAGG only"))
+        if isinstance(node, exp.Filter):  # left over by aggregates.normalize: not on a maintained aggregate
+            raise UnsupportedError("aggregate FILTER", f"FILTER on {node.this.sql('spark')[:60]} is not "
+                                   "maintained differentially; use CASE WHEN inside the aggregate")
         if isinstance(node, exp.Join):
             side, kind = (node.side or "").upper(), (node.kind or "").upper()
-            if side == "FULL" or kind in ("SEMI", "ANTI") or node.args.get("method"):
-                what = " ".join(x for x in (node.args.get("method"), side, kind) if x)
+            method = (node.args.get("method") or "").upper()
+            if method not in ("", "NATURAL") or (side == "RIGHT" and kind in ("SEMI", "ANTI")):
+                what = " ".join(x for x in (method, side, kind) if x)
                 raise UnsupportedError(f"{what} JOIN", f"{what} JOIN is not maintained differentially yet; "
                                        "use refresh_mode='FULL' or AUTO")
 
@@ -185,21 +216,10 @@ class _Builder:
         if from_ is None:
             raise UnsupportedError("SELECT without FROM", "a defining query needs at least one source table")
         node, env = self.from_item(from_.this, ctes, used)
-        for join in q.args.get("joins") or []:
-            right, renv = self.from_item(join.this, ctes, used)
-            env = {**env, **renv}
-            on = join.args.get("on")
-            cond = self.translate(on, env) if on is not None else None
-            side = (join.side or "").upper()
-            if side == "LEFT":
-                node = LeftJoin(node, right, cond)
-            elif side == "RIGHT":
-                node = self._right_join(node, right, cond)
-            else:
-                node = InnerJoin(node, right, cond)
+        node, env = self.joins(node, env, q.args.get("joins") or [], ctes, used)
         where = q.args.get("where")
         if where is not None:
-            node = Filter(node, self.translate(where.this, env))
+            node = self.where(node, where.this, env, ctes)
         selects = q.expressions
         having = q.args.get("having")
         group = q.args.get("group")
@@ -225,6 +245,161 @@ class _Builder:
         swapped = LeftJoin(right, left, cond)
         return Project(swapped, [(c, exp.column(c, quoted=True)) for c in left.cols + right.cols])
 
+    # --- joins and WHERE-clause subqueries ---
+
+    def joins(self, node: Node, env: dict[tuple[str, str], str], joins: list[exp.Join],
+              ctes: dict[str, exp.Expression], used: dict[str, list[str]]
+              ) -> tuple[Node, dict[tuple[str, str], str]]:
+        """Fold ``joins`` (left to right, as SQL nests them) onto ``node``."""
+        for join in joins:
+            right, renv = self.from_item(join.this, ctes, used)
+            env = {**env, **renv}
+            on = join.args.get("on")
+            cond = self.translate(on, env) if on is not None else None
+            side, kind = (join.side or "").upper(), (join.kind or "").upper()
+            if kind == "SEMI":
+                node = SemiJoin(node, right, cond)
+            elif kind == "ANTI":
+                node = AntiJoin(node, right, cond)
+            elif side == "LEFT":
+                node = LeftJoin(node, right, cond)
+            elif side == "RIGHT":
+                node = self._right_join(node, right, cond)
+            elif side == "FULL":
+                node = FullJoin(node, right, cond)
+            else:
+                node = InnerJoin(node, right, cond)
+        return node, env
+
+    def where(self, node: Node, pred: exp.Expression, env: dict[tuple[str, str], str],
+              ctes: dict[str, exp.Expression]) -> Node:
+        """WHERE: plain conjuncts become a Filter; a lone [negated] subquery predicate that is a conjunct of
+        its own becomes a semi- or anti-join; several, or any under OR, share one mark join (a mark per
+        predicate) and a Filter over the marks."""
+        if not rewrite.has_subquery_predicate(pred):
+            return Filter(node, self.translate(pred, env))
+        plain: list[exp.Expression] = []
+        atoms: list[tuple[exp.Expression, bool]] = []
+        mixed: list[exp.Expression] = []
+        for c in rewrite.conjuncts(rewrite.push_not(pred.copy())):
+            atom = rewrite.as_atom(c)
+            if atom is not None:
+                atoms.append(atom)
+            elif rewrite.has_subquery_predicate(c):
+                mixed.append(c)
+            else:
+                plain.append(c)
+        if plain:
+            node = Filter(node, self.translate(exp.and_(*plain), env))
+        if len(atoms) == 1 and not mixed:  # a lone [negated] subquery predicate: filter by semi/anti-join
+            right, cond, anti = self.subquery_join(atoms[0], env, ctes)
+            return (AntiJoin if anti else SemiJoin)(node, right, cond)
+        # several: one mark join for all of them (stacked semi-joins would each re-read the ones below)
+        marks: list[Mark] = []
+        scope = dict(env)
+
+        def to_mark(n: exp.Expression) -> exp.Expression:
+            atom = rewrite.as_atom(n)
+            if atom is None:
+                return n
+            right, cond, anti = self.subquery_join(atom, env, ctes)
+            marks.append(Mark(right, cond, self.fresh()))
+            scope[("", marks[-1].name)] = marks[-1].name
+            ref = exp.column(marks[-1].name, quoted=True)
+            return exp.not_(ref) if anti else ref
+
+        marked = [exp.Not(this=a) if neg else a for a, neg in atoms] + mixed
+        preds = [c.transform(to_mark) for c in marked]
+        return Filter(MarkJoin(node, marks), self.translate(exp.and_(*preds), scope))
+
+    def subquery_join(self, atom: tuple[exp.Expression, bool], env: dict[tuple[str, str], str],
+                      ctes: dict[str, exp.Expression]) -> tuple[Node, exp.Expression | None, bool]:
+        """A subquery predicate (``negated`` when under an odd number of NOTs) as (R, θ, anti): the predicate
+        is TRUE for a row of L iff some row of R satisfies θ (anti: none does).
+
+        With m the comparison of the predicate (x = y for IN, x op y for ANY / ALL) and corr the subquery's
+        correlated conjuncts: EXISTS → θ = corr; IN / ANY → θ = corr ∧ m; NOT IN / NOT ANY → anti, θ = corr ∧
+        (m IS NOT FALSE); ALL → anti, θ = corr ∧ (m IS NOT TRUE); NOT ALL → θ = corr ∧ ¬m. SQL's NULL
+        semantics follow: a row of R for which m is NULL blocks NOT IN and ALL, and never satisfies IN."""
+        pred, negated = atom
+        if isinstance(pred, exp.Exists):
+            right, corr, _ = self.correlated(pred.this, env, ctes, want_select=False)
+            match, quant = None, "exists"
+        elif isinstance(pred, exp.In):
+            right, corr, ys = self.correlated(pred.args["query"], env, ctes, want_select=True)
+            xs = pred.this.expressions if isinstance(pred.this, exp.Tuple) else [pred.this]
+            if len(xs) != len(ys):
+                raise QueryError(f"IN compares {len(xs)} value(s) with a subquery of {len(ys)} column(s): "
+                                 f"{pred.sql('spark')[:80]}")
+            match = exp.and_(*[exp.EQ(this=self.translate(x, env), expression=y) for x, y in zip(xs, ys, strict=True)])
+            quant = "any"
+        else:
+            q = pred.expression
+            right, corr, ys = self.correlated(q.this, env, ctes, want_select=True)
+            if len(ys) != 1:
+                raise QueryError(f"a quantified comparison needs a one-column subquery: {pred.sql('spark')[:80]}")
+            match = exp.Paren(this=type(pred)(this=self.translate(pred.this, env), expression=ys[0]))
+            quant = "all" if isinstance(q, exp.All) else "any"
+        if quant == "exists":
+            extra, anti = None, negated
+        elif quant == "any":
+            extra, anti = (rewrite.is_not_false(match) if negated else match), negated
+        else:
+            extra, anti = (exp.not_(match) if negated else rewrite.is_not_true(match)), not negated
+        parts = [p for p in (corr, extra) if p is not None]
+        return right, (exp.and_(*parts) if parts else None), anti
+
+    def correlated(self, sub: exp.Expression, env: dict[tuple[str, str], str], ctes: dict[str, exp.Expression],
+                   want_select: bool) -> tuple[Node, exp.Expression | None, list[exp.Expression]]:
+        """A predicate's subquery as (R, corr, ys): R its rows without the correlated conjuncts of its WHERE,
+        corr those conjuncts (over the outer columns and R's), ys its select list over R's columns."""
+        q = rewrite.subquery_select(sub)
+        inner = rewrite.local_aliases(q)
+        outer = {t for t, _ in env}
+
+        def refs_outer(e: exp.Expression) -> bool:
+            return any(c.table and c.table.lower() in outer and c.table.lower() not in inner
+                       for c in e.find_all(exp.Column))
+
+        if not rewrite.is_simple_select(q):
+            if refs_outer(q):
+                raise UnsupportedError("correlated subquery", "a correlated subquery with GROUP BY, "
+                                       "aggregates, DISTINCT ON, set operations or WITH is not maintained "
+                                       "differentially yet; decorrelate it into a join with a GROUP BY subquery "
+                                       "in FROM, or use refresh_mode='FULL' or AUTO")
+            node, _ = self.query(q, ctes)
+            return node, None, [exp.column(c, quoted=True) for c in node.cols]
+        assert isinstance(q, exp.Select)
+        used = self.used_columns(q)
+        from_ = q.args.get("from_") or q.args.get("from")
+        if from_ is None:
+            raise UnsupportedError("SELECT without FROM", "a subquery needs at least one source table")
+        for j in q.args.get("joins") or []:
+            if j.args.get("on") is not None and refs_outer(j.args["on"]):
+                raise UnsupportedError("correlated subquery", "a correlation inside the ON clause of a "
+                                       f"subquery ({j.args['on'].sql('spark')[:60]}) is not supported; move it "
+                                       "to the subquery's WHERE clause or use refresh_mode='FULL' or AUTO")
+        node, inner_env = self.from_item(from_.this, ctes, used)
+        node, inner_env = self.joins(node, inner_env, q.args.get("joins") or [], ctes, used)
+        local: list[exp.Expression] = []
+        corr: list[exp.Expression] = []
+        where = q.args.get("where")
+        for c in rewrite.conjuncts(where.this) if where is not None else []:
+            if not refs_outer(c):
+                local.append(c)
+            elif rewrite.has_subquery_predicate(c):
+                raise UnsupportedError("correlated subquery", "a correlated condition that holds another "
+                                       f"subquery predicate ({c.sql('spark')[:60]}) is not maintained "
+                                       "differentially; use refresh_mode='FULL' or AUTO")
+            else:
+                corr.append(c)
+        if local:
+            node = self.where(node, exp.and_(*local), inner_env, ctes)
+        both = {**env, **inner_env}
+        cond = self.translate(exp.and_(*corr), both) if corr else None
+        ys = [self.translate(e.this if isinstance(e, exp.Alias) else e, both) for e in q.expressions] if want_select else []
+        return node, cond, ys
+
     # --- FROM items ---
 
     def from_item(self, item: exp.Expression, ctes: dict[str, exp.Expression], used: dict[str, list[str]]
@@ -243,6 +418,12 @@ class _Builder:
                 node, names = self.query(ctes[name], ctes)
                 return node, {(alias, n.lower()): c for n, c in zip(names, node.cols, strict=True)}
             raise QueryError(f"unknown table {item.sql('spark')}")
+        if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Table) and item.this.args.get("joins"):
+            # a parenthesised join, ``a FULL JOIN (b LEFT JOIN c ON ...) ON ...``: same scope, nested tree
+            first = item.this.copy()
+            first.set("joins", None)
+            node, env = self.from_item(first, ctes, used)
+            return self.joins(node, env, item.this.args["joins"], ctes, used)
         if isinstance(item, exp.Subquery):
             node, names = self.query(item.this, ctes)
             return node, {(alias, n.lower()): c for n, c in zip(names, node.cols, strict=True)}
@@ -262,7 +443,9 @@ class _Builder:
             n = stack.pop()
             if not isinstance(n, exp.Expression):
                 continue
-            if isinstance(n, (exp.Select, exp.Subquery, exp.Union)):
+            if isinstance(n, (exp.Select, exp.Union)) or (
+                isinstance(n, exp.Subquery) and not isinstance(n.this, exp.Table)  # a parenthesised join is in scope
+            ):
                 continue
             yield n
             for v in n.args.values():
@@ -275,6 +458,10 @@ class _Builder:
         out: dict[str, list[str]] = {}
         for n in self.scope_nodes(q):
             if isinstance(n, exp.Column) and n.table:
+                out.setdefault(n.table.lower(), []).append(n.name)
+        where = q.args.get("where")
+        for n in where.find_all(exp.Column) if where is not None else []:  # correlated references too
+            if n.table:
                 out.setdefault(n.table.lower(), []).append(n.name)
         return out
 
@@ -296,36 +483,51 @@ class _Builder:
         return any(True for _ in e.find_all(exp.AggFunc))
 
     def aggregate(self, node: Node, q: exp.Select, env: dict[tuple[str, str], str]):
-        group = q.args.get("group")
-        groups: list[tuple[str, exp.Expression]] = []
-        for g in group.expressions if group is not None else []:
-            groups.append((self.fresh(), self.translate(g, env)))
+        """The Aggregate node of a grouped SELECT, and ``post``: an expression over the SELECT's scope
+        rewritten over the aggregate's columns (group keys, aggregate calls, GROUPING() constants)."""
+        group_exprs, sets = aggregates.grouping_sets(q.args.get("group"))
+        groups = [(self.fresh(), self.translate(g, env)) for g in group_exprs]
+        set_col = self.fresh() if sets is not None else None
+
+        def tr(x: exp.Expression) -> exp.Expression:
+            return self.translate(x, env)
+
         calls: list[AggCall] = []
         by_sql: dict[str, str] = {}
         exprs = [e for e in q.expressions] + ([q.args["having"]] if q.args.get("having") else [])
         for e in exprs:
             for a in e.find_all(exp.AggFunc):
-                func = AGG_FUNCS[type(a)]
-                arg = a.this
-                if func == "count" and (arg is None or isinstance(arg, exp.Star)):
-                    func, targ = "count_star", None
-                else:
-                    targ = self.translate(arg, env)
-                call = AggCall(self.fresh(), func, targ, len(calls))
+                if isinstance(a, aggregates.GROUPING_FUNCS):
+                    continue
+                call = aggregates.build_call(a, tr, self.fresh(), len(calls))
                 if call.sql() not in by_sql:
                     by_sql[call.sql()] = call.name
                     calls.append(call)
-        agg = Aggregate(node, groups, calls)
+        agg = Aggregate(node, groups, calls, sets, set_col)
         group_sql = {g.sql("spark"): name for name, g in groups}
+        group_index = {g.sql("spark"): i for i, (_, g) in enumerate(groups)}
+
+        def grouping(n: exp.Expression) -> exp.Expression:
+            """GROUPING(a) / grouping_id(...): a constant per grouping set, chosen by the set ordinal."""
+            if sets is None or set_col is None:
+                raise QueryError(f"{n.sql('spark')} needs GROUP BY with GROUPING SETS, CUBE or ROLLUP")
+            which = [] if n.expressions else list(range(len(groups)))
+            for x in n.expressions:
+                t = tr(x).sql("spark")
+                if t not in group_index:
+                    raise QueryError(f"{x.sql('spark')} in {n.sql('spark')} is not a GROUP BY expression")
+                which.append(group_index[t])
+            bits = aggregates.grouping_bits(sets, which)
+            return exp.Case(this=exp.column(set_col, quoted=True),
+                            ifs=[exp.If(this=exp.Literal.number(i), true=exp.Literal.number(b))
+                                 for i, b in enumerate(bits)])
 
         def post(e: exp.Expression) -> exp.Expression:
             def rewrite(n: exp.Expression) -> exp.Expression:
+                if isinstance(n, aggregates.GROUPING_FUNCS):
+                    return grouping(n)
                 if isinstance(n, exp.AggFunc):
-                    func = AGG_FUNCS[type(n)]
-                    if func == "count" and (n.this is None or isinstance(n.this, exp.Star)):
-                        sql = "COUNT(*)"
-                    else:
-                        sql = AggCall("", func, self.translate(n.this, env), 0).sql()
+                    sql = aggregates.build_call(n, tr, "", 0).sql()
                     return exp.column(by_sql[sql], quoted=True)
                 if isinstance(n, (exp.Column, exp.Func, exp.Binary, exp.Paren, exp.Case, exp.Cast)):
                     try:
@@ -359,6 +561,7 @@ def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect
     for t in tables:
         if table_key(t) not in schemas:
             raise QueryError(f"unknown table {table_key(t)}")
+    aggregates.normalize(tree)  # FILTER, every/some/std, COUNT_IF, ...: see dvm.operators.aggregates.rewrite
     reject_unsupported(tree)
     # give every source a flat placeholder name so sqlglot's schema lookup is unambiguous
     keys: dict[str, str] = {}
@@ -374,11 +577,13 @@ def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect
         if not t.alias:
             t.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
     schema = {ph: {c: ty for c, ty in schemas[k]} for ph, k in keys.items()}
+    rewrite.mark_merged_joins(tree)
     try:
         qualified = qualify(tree, schema=schema, dialect="spark", validate_qualify_columns=True,
                             quote_identifiers=False, identify=False)
     except OptimizeError as e:
         raise QueryError(str(e)) from None
+    rewrite.fix_merged_join_keys(qualified)
     builder = _Builder(keys, schemas)
     root, names = builder.query(qualified, {})
     return root, names, builder.notes
@@ -405,6 +610,7 @@ def pin_sources(sql: str, from_items: Mapping[str, str], dialect: str = "spark")
         t.set("catalog", None)
         if not t.alias:
             t.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+    rewrite.expand_quantified(tree)  # Spark SQL cannot parse x op ANY/ALL (subquery)
     out = tree.sql(dialect="spark")
     for mark, item in marks.items():
         out = out.replace(mark, item)

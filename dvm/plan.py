@@ -21,8 +21,8 @@ from sqlglot import exp
 
 from dvm.context import Context, quote
 from dvm.operators import Aggregate, Filter, Node, Project
-from dvm.operators.aggregate import key_match
-from dvm.operators.base import W, col_list
+from dvm.operators.aggregate import Branch, key_match
+from dvm.operators.base import W, col_list, union_all
 
 ROW_ID = "__row_id"
 MULT = "__mult"
@@ -43,6 +43,17 @@ def _canonical(col: str, ty: str) -> str:
     return col
 
 
+def row_hash(keys: list[str]) -> str:
+    """``xxhash64`` of ``keys`` (SQL expressions) that tells NULLs apart by position. Spark's hash skips NULL
+    arguments, so ('a', NULL) and (NULL, 'a') hash alike: rows of an outer join padded on different sides,
+    or groups (NULL, 1) and (1, NULL), would share a ``__row_id``. A marker of the NULL positions is
+    appended; it is itself NULL (so skipped) when no key is NULL, which keeps NULL-free ids unchanged."""
+    if len(keys) < 2:
+        return f"xxhash64({', '.join(keys)})"
+    flags = ", ".join(f"IF(({k}) IS NULL, '1', '0')" for k in keys)
+    return f"xxhash64({', '.join(keys)}, nullif(concat({flags}), '{'0' * len(keys)}'))"
+
+
 def bag_rows_sql(inner: str, names: list[str], types: list[str], weight: str | None) -> str:
     """Consolidate a bag (``weight`` None: count rows) or Z-set (``weight``: sum it) on the user columns
     into one row per distinct tuple, with its ``__row_id`` and multiplicity (``__mult`` or ``__dw``)."""
@@ -57,9 +68,19 @@ def bag_rows_sql(inner: str, names: list[str], types: list[str], weight: str | N
             picks.append(q)
     group = ", ".join(keys)
     if weight is None:
-        return f"SELECT {', '.join(picks)}, xxhash64({group}) AS {ROW_ID}, COUNT(*) AS {MULT} FROM ({inner}) GROUP BY {group}"
-    return (f"SELECT {', '.join(picks)}, xxhash64({group}) AS {ROW_ID}, SUM({weight}) AS {DW} FROM ({inner}) "
+        return f"SELECT {', '.join(picks)}, {row_hash(keys)} AS {ROW_ID}, COUNT(*) AS {MULT} FROM ({inner}) GROUP BY {group}"
+    return (f"SELECT {', '.join(picks)}, {row_hash(keys)} AS {ROW_ID}, SUM({weight}) AS {DW} FROM ({inner}) "
             f"GROUP BY {group} HAVING SUM({weight}) <> 0")
+
+
+def _layered(sql: str, per_call: list[list[list[tuple[str, str]]]]) -> str:
+    """``sql`` with successive layers of added columns; layer i gathers every call's i-th layer, so a
+    column may use those of the layers before it (nothing is inlined: the SQL stays linear in size)."""
+    for i in range(max((len(p) for p in per_call), default=0)):
+        cols = [f"{sql_} AS {c}" for p in per_call if len(p) > i for c, sql_ in p[i]]
+        if cols:
+            sql = f"SELECT *, {', '.join(cols)} FROM ({sql})"
+    return sql
 
 
 @dataclass
@@ -70,23 +91,36 @@ class KeyedTop:
 
     @property
     def group_names(self) -> list[str]:
-        return [n for n, _ in self.agg.groups]
+        """The columns identifying a stored group: its keys, and with GROUPING SETS the set ordinal."""
+        return self.agg.key_names()
 
     def state_cols(self) -> list[str]:
         return [CNT] + [c for a in self.agg.aggs for c, _ in a.state()]
 
     def row_id(self, prefix: str = "") -> str:
-        if not self.agg.groups:
+        if not self.group_names:
             return "CAST(0 AS BIGINT)"
-        return f"xxhash64({col_list(self.group_names, prefix)})"
+        return row_hash([prefix + quote(c) for c in self.group_names])
 
     @property
     def strategy(self) -> str:
         if self.having is not None:
             return "group rescan (HAVING hides groups, so they have no stored state)"
-        if any(a.func in ("min", "max") for a in self.agg.aggs):
-            return "algebraic, with a rescan of groups whose MIN/MAX value was deleted"
+        families = {a.family for a in self.agg.aggs}
+        if "group rescan" in families:
+            return "group rescan of the groups a delta touches (state kept in hidden columns; see each aggregate)"
+        if "semi-algebraic" in families or any(a.needs_rescan() for a in self.agg.aggs):
+            return "algebraic, with a rescan of the groups a deletion leaves ambiguous (see each aggregate)"
         return "algebraic (state kept in hidden columns)"
+
+    def call_lines(self) -> list[str]:
+        """One line per aggregate call for ``explain``: its strategy and state columns."""
+        out = []
+        for a in self.agg.aggs:
+            how = "group rescan (HAVING)" if self.having is not None else a.rule()
+            cols = ", ".join(c for c, _ in a.state()) or (CNT if a.func == "count_star" else "shared")
+            out.append(f"{a.sql()}  [{cols}]  -- {how}")
+        return out
 
 
 def keyed_top(root: Node) -> KeyedTop | None:
@@ -140,13 +174,28 @@ class Plan:
         outs = [f"{a.output()} AS {quote(a.name)}" for a in self.keyed.agg.aggs]
         return f"SELECT *{', ' if outs else ''}{', '.join(outs)} FROM ({sql})"
 
-    def _full_state_select(self) -> str:
+    def _full_state_select(self, branch: Branch | None = None) -> str:
         assert self.keyed is not None
         agg = self.keyed.agg
-        items = [agg.group_select()] if agg.groups else []
+        items = [agg.group_select(branch)] if self.keyed.group_names else []
         items.append(f"COUNT(*) AS {CNT}")
         items += [f"{sql} AS {c}" for a in agg.aggs for c, sql in a.state()]
         return ", ".join(items)
+
+    def _full_state(self, ctx: Context, state: str = "post") -> str:
+        """Every group's state, computed from the child's snapshot (one GROUP BY per grouping set)."""
+        assert self.keyed is not None
+        agg = self.keyed.agg
+        child = self._state_pre(agg.child.snapshot(ctx, state))  # type: ignore[arg-type]
+        out = union_all([f"SELECT {self._full_state_select(b)} FROM ({child}){agg.group_by(b)}"
+                         for b in agg.branches()])
+        assert out is not None
+        return out
+
+    def _state_pre(self, child: str) -> str:
+        """The child's rows with the per-row columns the state aggregates read (``AggCall.state_pre``)."""
+        assert self.keyed is not None
+        return _layered(child, [[a.state_pre()] for a in self.keyed.agg.aggs])
 
     def _state_list(self, prefix: str = "") -> str:
         assert self.keyed is not None
@@ -161,8 +210,7 @@ class Plan:
                              for i, n, ty in zip(self.root.cols, self.names, types, strict=True))
             return bag_rows_sql(f"SELECT {cast} FROM ({self.root.snapshot(ctx, 'post')})", self.names, types, None)
         k = self.keyed
-        agg = k.agg
-        state = f"SELECT {self._full_state_select()} FROM ({agg.child.snapshot(ctx, 'post')}){agg.group_by()}"
+        state = self._full_state(ctx)
         where = f" WHERE {k.having.sql(dialect='spark')}" if k.having is not None else ""
         return (f"SELECT {k.row_id()} AS {ROW_ID}, {self._user_select(types)}, {self._state_list()} "
                 f"FROM ({self._with_outputs(state)}){where}")
@@ -182,56 +230,78 @@ class Plan:
         if fin is None:
             return None
         k = self.keyed
-        conds = [f"{CNT} <= 0"] if k.agg.groups else []
+        conds = [f"{CNT} <= 0"] if k.group_names else []
         if k.having is not None:
             conds.append(f"NOT COALESCE(({k.having.sql(dialect='spark')}), FALSE)")
         deleted = " OR ".join(f"({c})" for c in conds) if conds else "FALSE"
         return (f"SELECT {k.row_id()} AS {ROW_ID}, {self._user_select(types, DEL)}, {self._state_list()}, "
                 f"{DEL} FROM (SELECT *, {deleted} AS {DEL} FROM ({self._with_outputs(fin)}))")
 
+    def _delta_summary(self, dchild: str, branch: Branch) -> str:
+        """The child's delta summarised per group of one branch: ``__d_cnt`` and every call's delta terms."""
+        k = self.keyed
+        assert k is not None
+        agg = k.agg
+        src = _layered(dchild, [[a.state_pre(), *a.delta_pre(agg.partition(branch))] for a in agg.aggs])
+        items = ([agg.group_select(branch)] if k.group_names else []) + [f"COALESCE(SUM({W}), 0) AS __d_cnt"]
+        items += [f"{sql} AS {c}" for a in agg.aggs for c, sql in a.delta_terms()]
+        return f"SELECT {', '.join(items)} FROM ({src}){agg.group_by(branch)}"
+
     def _algebraic(self, ctx: Context) -> str | None:
+        """Old state (read from the stream table) merged with the delta summaries, per group; groups whose
+        merged state cannot be trusted (``needs_rescan``) are recomputed from the child's post snapshot.
+
+        The child's delta and the merged groups are CTEs (``__trickle_dc``, ``__trickle_n``): each is read
+        twice or more (per grouping set; kept and rescanned groups), and SQL text repeated instead costs
+        Spark analysis and optimisation time in proportion."""
         k = self.keyed
         assert k is not None
         agg = k.agg
         dchild = agg.child.delta(ctx)
         if dchild is None:
             return None
-        groups = [agg.group_select()] if agg.groups else []
-        d_items = groups + [f"COALESCE(SUM({W}), 0) AS __d_cnt"]
-        d_items += [f"{sql} AS {c}" for a in agg.aggs for c, sql in a.delta_terms()]
-        d = f"SELECT {', '.join(d_items)} FROM ({dchild}){agg.group_by()}"
+        dc = "__trickle_dc"
+        d = union_all([self._delta_summary(f"SELECT * FROM {dc}", b) for b in agg.branches()])
         old = [f"__o.{CNT} AS __o_cnt"] + [
             f"__o.{c} AS {c.replace('__agg', '__o', 1)}" for a in agg.aggs for c, _ in a.state()
         ]
-        j = (f"SELECT __d.*, {', '.join(old)} FROM ({d}) __d LEFT JOIN {ctx.target()} __o "
-             f"ON __o.{ROW_ID} = {k.row_id('__d.')}")
+        cur = (f"SELECT __d.*, {', '.join(old)} FROM ({d}) __d LEFT JOIN {ctx.target()} __o "
+               f"ON __o.{ROW_ID} = {k.row_id('__d.')}")
+        cur = _layered(cur, [a.merge_steps() for a in agg.aggs])
+        merged = [f"COALESCE(__o_cnt, 0) + __d_cnt AS {CNT}"]
+        merged += [f"{sql} AS {c}" for a in agg.aggs for c, sql in a.merged_state()]
         rescans = [c for a in agg.aggs if (c := a.needs_rescan())]
-        n_items = ([col_list(k.group_names)] if agg.groups else []) + [f"COALESCE(__o_cnt, 0) + __d_cnt AS {CNT}"]
-        n_items += [f"{sql} AS {c}" for a in agg.aggs for c, sql in a.merged_state()]
-        n_items.append(f"({' OR '.join(rescans) if rescans else 'FALSE'}) AS __rescan")
-        n = f"SELECT {', '.join(n_items)} FROM ({j})"
+        flag = f"({' OR '.join(rescans)})" if rescans else "FALSE"
+        # The flag goes through a generator: Spark pushes a filter down through projections by inlining
+        # their expressions, and the merge layers inlined into WHERE __rescan grow exponentially (measured:
+        # 15 s of optimisation for 45 calls); a filter on a generated column stays where it is.
+        n = (f"SELECT * FROM (SELECT *, {', '.join(merged)} FROM ({cur})) "
+             f"LATERAL VIEW explode(array({flag})) __r AS __rescan")
+        keys_cols = col_list(k.group_names)
+        kept = f"SELECT {keys_cols + ', ' if keys_cols else ''}{self._state_list()} FROM __trickle_n"
+        with_ = f"WITH {dc} AS ({dchild}), __trickle_n AS ({n}) "
         if not rescans:
-            return n
-        state = self._state_list()
-        keys = f"SELECT {col_list(k.group_names) if agg.groups else '1 AS __one'} FROM ({n}) WHERE __rescan"
-        rescanned = agg.restricted(ctx, "post", keys, self._full_state_select())
-        kept = f"SELECT {col_list(k.group_names) + ', ' if agg.groups else ''}{state} FROM ({n}) WHERE NOT __rescan"
+            return with_ + kept
+        keys = f"SELECT {keys_cols or '1 AS __one'} FROM __trickle_n WHERE __rescan"
+        return f"{with_}{kept} WHERE NOT __rescan UNION ALL SELECT * FROM ({self._rescanned(ctx, keys)})"
+
+    def _rescanned(self, ctx: Context, keys: str) -> str:
+        """The state of the groups in ``keys`` recomputed at the post frontier (0 rows -> ``__cnt`` 0)."""
+        k = self.keyed
+        assert k is not None
+        rescanned = k.agg.restricted(ctx, "post", keys, self._full_state_select, self._state_pre)
         fresh_state = ", ".join([f"COALESCE(__s.{CNT}, 0) AS {CNT}"] + [f"__s.{c}" for c in k.state_cols()[1:]])
-        redone = (f"SELECT {col_list(k.group_names, '__k.') + ', ' if agg.groups else ''}{fresh_state} "
-                  f"FROM ({keys}) __k LEFT JOIN ({rescanned}) __s ON {key_match('__k', '__s', k.group_names)}")
-        return f"SELECT * FROM ({kept}) UNION ALL SELECT * FROM ({redone})"
+        keys_cols = col_list(k.group_names, "__k.")
+        return (f"SELECT {keys_cols + ', ' if keys_cols else ''}{fresh_state} "
+                f"FROM ({keys}) __k LEFT JOIN ({rescanned}) __s ON {key_match('__k', '__s', k.group_names)}")
 
     def _rescan_groups(self, ctx: Context) -> str | None:
         k = self.keyed
         assert k is not None
-        agg = k.agg
-        keys = agg.affected_keys(ctx)
+        keys = k.agg.affected_keys(ctx)
         if keys is None:
             return None
-        rescanned = agg.restricted(ctx, "post", keys, self._full_state_select())
-        fresh_state = ", ".join([f"COALESCE(__s.{CNT}, 0) AS {CNT}"] + [f"__s.{c}" for c in k.state_cols()[1:]])
-        return (f"SELECT {col_list(k.group_names, '__k.') + ', ' if agg.groups else ''}{fresh_state} "
-                f"FROM ({keys}) __k LEFT JOIN ({rescanned}) __s ON {key_match('__k', '__s', k.group_names)}")
+        return self._rescanned(ctx, keys)
 
     def merge_statement(self, target: str, source_sql: str) -> str:
         users = col_list(self.names)
@@ -259,8 +329,11 @@ class Plan:
         lines: list[str] = []
 
         def walk(n: Node, depth: int) -> None:
-            how = self.keyed.strategy if self.keyed is not None and n is self.keyed.agg else n.strategy()
+            top = self.keyed is not None and n is self.keyed.agg
+            how = self.keyed.strategy if top and self.keyed is not None else n.strategy()
             lines.append("  " * depth + f"{n.label()}    -- {how}")
+            if top and self.keyed is not None:
+                lines.extend("  " * (depth + 1) + "· " + line for line in self.keyed.call_lines())
             for c in n.children:
                 walk(c, depth + 1)
 

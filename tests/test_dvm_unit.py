@@ -71,8 +71,8 @@ def test_only_used_columns_are_read_and_consolidated() -> None:
         ("SELECT id, ROW_NUMBER() OVER (ORDER BY id) AS rn FROM emp", "window function"),
         ("SELECT id FROM emp LIMIT 3", "LIMIT"),
         ("SELECT id, rand() AS r FROM emp", "volatile function"),
-        ("SELECT id FROM emp WHERE dept IN (SELECT id FROM dept)", "subquery predicate"),
-        ("SELECT COUNT(DISTINCT dept) AS n FROM emp", "COUNT(DISTINCT)"),
+        ("SELECT id, dept IN (SELECT id FROM dept) AS d FROM emp", "subquery predicate"),
+        ("SELECT try_sum(sal) AS n FROM emp", "aggregate try_sum"),
         ("SELECT id FROM emp INTERSECT SELECT id FROM dept", "INTERSECT"),
     ],
 )
@@ -106,3 +106,337 @@ def test_keyed_top_keeps_algebraic_state() -> None:
     sql = plan.merge_source_sql(ctx(dept_changed=False), ["int", "double", "double", "double"])
     assert sql is not None and "LEFT JOIN delta.`/w/st` __o" in sql and "__rescan" in sql
     assert "algebraic" in plan.tree_text()
+
+
+# --------------------------------------------------------------------------------------------------
+# Joins: FULL / USING / NATURAL / nested; WHERE-clause subqueries as semi-, anti- and mark joins
+# --------------------------------------------------------------------------------------------------
+
+JOIN_SCHEMAS = {
+    "a": [("id", "int"), ("k", "int"), ("x", "int")],
+    "b": [("id", "int"), ("k", "int"), ("y", "int")],
+    "c": [("k", "int"), ("z", "int")],
+}
+
+
+def _labels(query: str) -> list[str]:
+    return [n.label() for n in dvm.compile_query(query, JOIN_SCHEMAS).root.walk()]
+
+
+def _abc_ctx(a: bool = True, b: bool = True, c: bool = True) -> Context:
+    return Context({n: SourceRef(f"/w/{n}", 5, 4 if ch else 5) for n, ch in (("a", a), ("b", b), ("c", c))})
+
+
+def test_full_join_is_its_own_operator_and_using_keys_follow_the_merged_column() -> None:
+    """sqlglot keys a USING join chained after a FULL join on the first table's column (a.k = c.k); Spark
+    keys it on the merged column COALESCE(a.k, b.k) (b.k after a RIGHT join). The tree must follow Spark."""
+    labels = _labels("SELECT * FROM a FULL JOIN b USING (k) JOIN c USING (k)")
+    assert any(lb.startswith("FullJoin ON") for lb in labels)
+    inner = next(lb for lb in labels if lb.startswith("InnerJoin"))
+    assert "COALESCE(" in inner, inner
+    labels = _labels("SELECT c.z FROM a RIGHT JOIN b USING (k) JOIN c USING (k)")
+    right = next(n for n in dvm.compile_query("SELECT c.z FROM a RIGHT JOIN b USING (k) JOIN c USING (k)",
+                                              JOIN_SCHEMAS).root.walk() if n.label().startswith("Scan b"))
+    inner = next(lb for lb in labels if lb.startswith("InnerJoin"))
+    assert right.cols[0] in inner and "COALESCE" not in inner  # keyed on b.k, not a.k
+    # NATURAL: the common columns, merged like USING
+    plan = dvm.compile_query("SELECT * FROM a NATURAL FULL JOIN b", JOIN_SCHEMAS)
+    assert len(plan.root.cols) == 4 and "COALESCE" in plan.root.label()
+
+
+def test_nested_join_groups_and_semi_anti_join_syntax() -> None:
+    labels = _labels("SELECT a.x, b.y, c.z FROM a FULL JOIN (b LEFT JOIN c ON b.k = c.k) ON a.k = b.k")
+    assert [lb.split(" ")[0] for lb in labels] == ["Project", "FullJoin", "Scan", "LeftJoin", "Scan", "Scan"]
+    assert [lb.split(" ")[0] for lb in _labels("SELECT a.x FROM a LEFT SEMI JOIN b ON a.k = b.k")][1] == "SemiJoin"
+    assert [lb.split(" ")[0] for lb in _labels("SELECT a.x FROM a LEFT ANTI JOIN b ON a.k < b.k")][1] == "AntiJoin"
+
+
+def test_full_join_delta_is_left_join_plus_padded_anti_join() -> None:
+    plan = dvm.compile_query("SELECT a.x, b.y FROM a FULL JOIN b ON a.k = b.k", JOIN_SCHEMAS)
+    join = next(n for n in plan.root.walk() if n.label().startswith("FullJoin"))
+    both = join.delta(_abc_ctx())
+    assert both is not None and both.startswith("WITH ")
+    assert "LEFT OUTER JOIN" in both and "LEFT ANTI JOIN" in both and "NULL AS" in both
+    # pre and post recomputed in one pass: rows tagged with their state meet the other side's rows of it
+    assert "__l.__sa = __r.__sb" in both and "VERSION AS OF 4" in both
+    # each input's delta and snapshots are named once, however many terms read them
+    assert both.count("table_changes_by_path('/w/a'") == 1 and both.count("table_changes_by_path('/w/b'") == 1
+    # one side unchanged: its two states are one read (tagged by a cross join), no pre version of it
+    one = join.delta(_abc_ctx(b=False))
+    assert one is not None and "VERSION AS OF 4)" not in one.replace("/w/a` VERSION AS OF 4", "")
+    assert join.delta(_abc_ctx(False, False, False)) is None
+    assert "FullJoin" in plan.tree_text() and "anti-join" in plan.tree_text()
+
+
+@pytest.mark.parametrize(
+    ("where", "kind", "needles"),
+    [
+        ("EXISTS (SELECT 1 FROM b WHERE b.k = a.k AND b.y > 3)", "SemiJoin", []),
+        ("NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k AND b.y > a.x)", "AntiJoin", [">"]),
+        ("a.x IN (SELECT b.y FROM b)", "SemiJoin", ["="]),
+        # NOT IN: a row of the subquery blocks unless the comparison is FALSE (NULLs block)
+        ("a.x NOT IN (SELECT b.y FROM b)", "AntiJoin", ["IS NULL", " OR "]),
+        ("NOT (a.x IN (SELECT b.y FROM b WHERE b.k = a.k))", "AntiJoin", ["IS NULL"]),
+        # ALL: anti-join on "comparison is not TRUE"; NOT ALL: semi-join on "comparison is FALSE"
+        ("a.x > ALL (SELECT b.y FROM b WHERE b.k = a.k)", "AntiJoin", ["NOT", "IS NULL"]),
+        ("NOT (a.x > ALL (SELECT b.y FROM b))", "SemiJoin", ["NOT"]),
+        ("a.x < ANY (SELECT b.y FROM b)", "SemiJoin", ["<"]),
+        ("NOT (a.x = ANY (SELECT b.y FROM b))", "AntiJoin", ["IS NULL"]),
+        ("(a.x, a.k) IN (SELECT b.y, b.k FROM b)", "SemiJoin", [" AND "]),
+        ("a.x IN (SELECT MAX(b.y) FROM b GROUP BY b.k)", "SemiJoin", []),
+    ],
+)
+def test_subquery_predicates_become_semi_and_anti_joins(where: str, kind: str, needles: list[str]) -> None:
+    labels = _labels(f"SELECT a.id FROM a WHERE a.id > 0 AND {where}")
+    join = next(lb for lb in labels if lb.startswith(("SemiJoin", "AntiJoin")))
+    assert join.startswith(kind), labels
+    for n in needles:
+        assert n in join, (n, join)
+    assert any(lb.startswith("Filter") for lb in labels)  # the plain conjunct stays a filter
+
+
+def test_subquery_predicates_under_or_get_mark_joins() -> None:
+    plan = dvm.compile_query(
+        "SELECT a.id FROM a WHERE a.x > 1 OR NOT EXISTS (SELECT 1 FROM b WHERE b.k > a.k) "
+        "OR a.k NOT IN (SELECT c.k FROM c)", JOIN_SCHEMAS)
+    joins = [n for n in plan.root.walk() if n.label().startswith("MarkJoin")]
+    assert len(joins) == 1 and len(joins[0].marks) == 2  # side by side, not stacked
+    filt = next(n for n in plan.root.walk() if n.label().startswith("Filter"))
+    assert all(f"NOT `{m.name}`" in filt.label() for m in joins[0].marks), filt.label()  # both negated forms
+    sql = plan.merge_source_sql(_abc_ctx(), ["int"])
+    assert sql is not None and "EXISTS" not in sql.upper()  # marks are joins, not correlated subqueries
+    # several ANDed predicates share one mark join too; a lone one is a plain semi-/anti-join
+    labels = _labels("SELECT a.id FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k) "
+                     "AND a.x NOT IN (SELECT c.z FROM c)")
+    assert labels[1].startswith("Filter `") and " AND NOT `" in labels[1] and labels[2].startswith("MarkJoin")
+
+
+def test_push_not_is_de_morgan_down_to_subquery_predicates() -> None:
+    import sqlglot
+
+    from dvm import rewrite
+
+    e = sqlglot.parse_one("SELECT 1 FROM t WHERE NOT (x > 1 AND (y IN (SELECT 1) OR NOT EXISTS (SELECT 2)))")
+    pushed = rewrite.push_not(e.args["where"].this)
+    assert pushed.sql() == "NOT (x > 1) OR (NOT (y IN (SELECT 1)) AND EXISTS(SELECT 2))"
+    parts = rewrite.conjuncts(rewrite.push_not(sqlglot.parse_one("NOT (a OR EXISTS (SELECT 1))")))
+    assert [p.sql() for p in parts] == ["NOT (a)", "NOT (EXISTS(SELECT 1))"]
+    assert rewrite.as_atom(parts[1])[1] is True  # type: ignore[index]
+
+
+def test_quantified_comparisons_are_rewritten_for_spark() -> None:
+    """Spark SQL cannot parse x op ALL/ANY (subquery): FULL refreshes run a CASE over two EXISTS."""
+    from dvm.parser import pin_sources
+
+    out = pin_sources("SELECT a.id FROM a WHERE a.x > ALL (SELECT b.y FROM b WHERE b.k = a.k)",
+                      {"a": "delta.`/w/a` VERSION AS OF 1", "b": "delta.`/w/b` VERSION AS OF 2"})
+    assert "ALL (" not in out and out.count("EXISTS(") == 2 and "THEN FALSE" in out and "ELSE TRUE" in out
+    assert "b.k = a.k AND NOT (a.x > b.y)" in out  # correlated: the comparison joins the subquery's WHERE
+    # an unqualified outer column could resolve inside the subquery: use a derived table instead
+    out = pin_sources("SELECT id FROM a WHERE x = ANY (SELECT y FROM b)",
+                      {"a": "delta.`/w/a` VERSION AS OF 1", "b": "delta.`/w/b` VERSION AS OF 2"})
+    assert "AS __q(__c)" in out and "THEN TRUE" in out and "ELSE FALSE" in out
+
+
+@pytest.mark.parametrize(
+    ("query", "construct", "needle"),
+    [
+        ("SELECT a.id, EXISTS (SELECT 1 FROM b WHERE b.k = a.k) AS e FROM a", "subquery predicate", "WHERE"),
+        ("SELECT a.id FROM a JOIN b ON a.k = b.k AND a.x IN (SELECT c.z FROM c)", "subquery predicate", "ON"),
+        ("SELECT a.k, COUNT(*) AS n FROM a GROUP BY a.k HAVING COUNT(*) > ALL (SELECT c.z FROM c)",
+         "subquery predicate", "HAVING"),
+        ("SELECT a.id FROM a WHERE CASE WHEN a.x IN (SELECT c.z FROM c) THEN 1 ELSE 0 END = 1",
+         "subquery predicate", "WHERE"),
+        ("SELECT a.id, (SELECT MAX(c.z) FROM c) AS m FROM a", "scalar subquery", "CROSS JOIN"),
+        ("SELECT a.id FROM a WHERE a.x > (SELECT AVG(c.z) FROM c)", "scalar subquery", "FROM"),
+        ("SELECT a.id FROM a WHERE a.x IN (SELECT MAX(b.y) FROM b WHERE b.k = a.k)", "correlated subquery",
+         "GROUP BY"),
+        ("SELECT a.id FROM a WHERE EXISTS (SELECT 1 FROM b JOIN c ON c.k = b.k AND c.z = a.x)",
+         "correlated subquery", "ON"),
+    ],
+)
+def test_unsupported_subqueries_are_named(query: str, construct: str, needle: str) -> None:
+    with pytest.raises(UnsupportedError) as e:
+        dvm.compile_query(query, JOIN_SCHEMAS)
+    assert e.value.construct == construct, str(e.value)
+    assert needle in str(e.value) and "refresh_mode='FULL'" in str(e.value), str(e.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Aggregates: rewrites (FILTER, GROUPING SETS), strategies, rejections
+# --------------------------------------------------------------------------------------------------
+
+AGG_SCHEMAS = {"t": [("id", "int"), ("g", "int"), ("h", "string"), ("x", "int"), ("v", "double"), ("b", "boolean")]}
+
+
+def _normalized(select_list: str) -> str:
+    import sqlglot
+
+    from dvm.operators.aggregates import normalize
+
+    tree = sqlglot.parse_one(f"SELECT {select_list} FROM t", read="spark")
+    return ", ".join(e.sql("spark") for e in normalize(tree).expressions)
+
+
+@pytest.mark.parametrize(
+    ("written", "maintained"),
+    [
+        ("COUNT(*) FILTER (WHERE x > 1)", "COUNT(CASE WHEN x > 1 THEN 1 END)"),
+        ("SUM(v) FILTER (WHERE b)", "SUM(CASE WHEN b THEN v END)"),
+        ("COUNT(DISTINCT x, h) FILTER (WHERE v > 0)",
+         "COUNT(DISTINCT CASE WHEN v > 0 THEN x END, CASE WHEN v > 0 THEN h END)"),
+        ("max_by(h, v) FILTER (WHERE x > 2)", "MAX_BY(h, CASE WHEN x > 2 THEN v END)"),
+        ("covar_pop(x, v) FILTER (WHERE b)", "COVAR_POP(CASE WHEN b THEN x END, CASE WHEN b THEN v END)"),
+        ("string_agg(h, ',') WITHIN GROUP (ORDER BY h) FILTER (WHERE x > 0)",
+         "LISTAGG(CASE WHEN x > 0 THEN h END, ',') WITHIN GROUP (ORDER BY h)"),
+        ("count_if(x > 3)", "COUNT(CASE WHEN x > 3 THEN 1 END)"),
+        ("COUNT(x, v)", "COUNT(CASE WHEN NOT x IS NULL AND NOT v IS NULL THEN 1 END)"),
+        ("every(b), some(b), any(b), std(v)", "BOOL_AND(b), BOOL_OR(b), BOOL_OR(b), STDDEV(v)"),
+        ("first(h) IGNORE NULLS", "FIRST(h)"),
+    ],
+)
+def test_aggregate_rewrites(written: str, maintained: str) -> None:
+    """FILTER folds into the arguments (exact: every maintained aggregate ignores NULL inputs; COUNT(*)
+    counts a CASE instead), and Spark spellings sqlglot does not type become typed aggregates."""
+    assert _normalized(written) == maintained
+
+
+def test_grouping_sets_expand_to_branches() -> None:
+    import sqlglot
+
+    from dvm.operators.aggregates import grouping_bits, grouping_sets
+
+    def sets(group_by: str) -> tuple[list[str], list[tuple[int, ...]] | None]:
+        tree = sqlglot.parse_one(f"SELECT 1 FROM t GROUP BY {group_by}", read="spark")
+        exprs, out = grouping_sets(tree.args["group"])
+        return [e.sql("spark") for e in exprs], out
+
+    assert sets("g, h") == (["g", "h"], None)
+    assert sets("ROLLUP(g, h)") == (["g", "h"], [(0, 1), (0,), ()])
+    assert sets("g, h WITH ROLLUP") == (["g", "h"], [(0, 1), (0,), ()])
+    assert sets("CUBE(g, h)") == (["g", "h"], [(0, 1), (0,), (1,), ()])
+    assert sets("GROUPING SETS ((g), (g, h), (), g)") == (["g", "h"], [(0,), (0, 1), (), (0,)])
+    assert sets("g, h GROUPING SETS ((h), (g))") == (["g", "h"], [(1,), (0,)])  # Hive: GROUP BY order
+    exprs, out = sets("g, ROLLUP(h, x), GROUPING SETS ((v), ())")  # a cross product
+    assert exprs == ["g", "h", "x", "v"] and out is not None and len(out) == 6 and (0, 1, 2, 3) in out
+    # grouping_id(): a bit per column, 1 where the set aggregates it away, the first column most significant
+    assert grouping_bits([(0, 1), (0,), (1,), ()], [0, 1]) == [0, 1, 2, 3]
+    assert grouping_bits([(0, 1), (0,), (1,), ()], [1]) == [0, 1, 0, 1]
+
+
+def test_grouping_sets_past_the_limit_are_refused_with_the_count() -> None:
+    cols = ", ".join(f"c{i}" for i in range(7))
+    schemas = {"w": [(f"c{i}", "int") for i in range(7)]}
+    with pytest.raises(UnsupportedError) as e:
+        dvm.compile_query(f"SELECT COUNT(*) AS n FROM w GROUP BY CUBE({cols})", schemas)
+    assert e.value.construct == "GROUPING SETS"
+    assert "128 grouping sets" in str(e.value) and "limit of 64" in str(e.value), str(e.value)
+    with pytest.raises(UnsupportedError, match="65 grouping sets"):
+        sets = ", ".join(["(c0)"] * 65)
+        dvm.compile_query(f"SELECT COUNT(*) AS n FROM w GROUP BY GROUPING SETS ({sets})", schemas)
+    # 64 is allowed: CUBE of 6 columns
+    plan = dvm.compile_query(f"SELECT COUNT(*) AS n FROM w GROUP BY CUBE({cols[:-4]})", schemas)
+    assert plan.keyed is not None and len(plan.keyed.agg.branches()) == 64
+
+
+def test_grouping_sets_top_is_keyed_per_set() -> None:
+    """One stored row per (grouping set, keys): the set ordinal is part of __row_id, GROUPING() /
+    grouping_id() are constants per set, and a set without keys has no row over an empty input."""
+    plan = dvm.compile_query(
+        "SELECT g, h, COUNT(*) AS n, SUM(x) AS s, grouping(g) AS gg, grouping_id() AS gid FROM t "
+        "GROUP BY ROLLUP(g, h)", AGG_SCHEMAS)
+    assert plan.layout == "keyed" and plan.keyed is not None
+    agg = plan.keyed.agg
+    assert agg.sets == [(0, 1), (0,), ()] and plan.keyed.group_names[-1] == agg.set_col
+    ctx_t = Context({"t": SourceRef("/w/t", 5, 4)}, target_path="/w/st")
+    full = plan.full_sql(ctx_t, ["int", "string", "bigint", "bigint", "tinyint", "bigint"])
+    assert full.count(" HAVING COUNT(*) > 0") == 1  # the () set only
+    assert f"xxhash64(`{agg.groups[0][0]}`, `{agg.groups[1][0]}`, `{agg.set_col}`" in full
+    assert f"CASE `{agg.set_col}` WHEN 0 THEN 0 WHEN 1 THEN 1 WHEN 2 THEN 3 END" in full  # grouping_id()
+    sql = plan.merge_source_sql(ctx_t, ["int", "string", "bigint", "bigint", "tinyint", "bigint"])
+    assert sql is not None and sql.count(" AS INT) AS ") >= 3  # the set ordinal of each branch's delta
+
+
+@pytest.mark.parametrize(
+    ("call", "family"),
+    [
+        ("COUNT(*)", "algebraic"), ("SUM(x) FILTER (WHERE b)", "algebraic"), ("AVG(v)", "algebraic"),
+        ("bool_and(b)", "algebraic"), ("every(b)", "algebraic"), ("bit_xor(x)", "algebraic"),
+        ("stddev(v)", "algebraic"), ("var_pop(x)", "algebraic"), ("corr(x, v)", "algebraic"),
+        ("regr_slope(v, x)", "algebraic"), ("regr_r2(v, x)", "algebraic"),
+        ("MIN(v)", "semi-algebraic"), ("max_by(h, v)", "semi-algebraic"), ("first(h)", "semi-algebraic"),
+        ("any_value(h)", "semi-algebraic"), ("bit_and(x)", "semi-algebraic"), ("bit_or(x)", "semi-algebraic"),
+        ("COUNT(DISTINCT x)", "group rescan"), ("SUM(DISTINCT x)", "group rescan"),
+        ("collect_list(h)", "group rescan"), ("collect_set(x)", "group rescan"),
+        ("string_agg(h, ',')", "group rescan"), ("listagg(h) WITHIN GROUP (ORDER BY x DESC)", "group rescan"),
+        ("percentile(v, 0.5)", "group rescan"), ("percentile_approx(v, 0.5)", "group rescan"),
+        ("median(v)", "group rescan"), ("mode(x)", "group rescan"),
+    ],
+)
+def test_each_aggregate_has_a_strategy_and_explain_names_it(call: str, family: str) -> None:
+    plan = dvm.compile_query(f"SELECT g, {call} AS a FROM t GROUP BY g", AGG_SCHEMAS)
+    assert plan.keyed is not None
+    (a,) = plan.keyed.agg.aggs
+    assert a.family == family
+    text = plan.tree_text()
+    assert f"-- {family}" in text, text
+
+
+def test_order_dependent_aggregates_are_deterministic() -> None:
+    """Spark leaves the order (or the row) undefined; the maintained value is one answer Spark may give."""
+
+    def maintained(call: str) -> str:
+        plan = dvm.compile_query(f"SELECT {call} AS a FROM t", AGG_SCHEMAS)
+        assert plan.keyed is not None
+        return plan.keyed.agg.aggs[0].sql()
+
+    assert maintained("first(h)") == maintained("last(h)") == maintained("any_value(h)") == "MIN(`__t1`)"
+    assert maintained("collect_list(h)") == "array_sort(collect_list(`__t1`))"
+    assert maintained("collect_list(DISTINCT h)") == "array_sort(collect_set(`__t1`))"
+    assert maintained("mode(h)") == maintained("mode(h, false)") == "mode(`__t1`, true)"
+    # ordered by the value itself: array_join of the sorted list (no LISTAGG WITHIN GROUP, which Spark 4.1
+    # cannot combine with two DISTINCT aggregates); other keys keep LISTAGG with the value appended
+    assert maintained("string_agg(h, '-')") == (
+        "CASE WHEN COUNT(`__t1`) > 0 THEN array_join(array_sort(collect_list(`__t1`)), '-') END")
+    assert maintained("listagg(DISTINCT h) WITHIN GROUP (ORDER BY h DESC)") == (
+        "CASE WHEN COUNT(`__t1`) > 0 THEN array_join(reverse(array_sort(collect_set(`__t1`))), '') END")
+    assert maintained("string_agg(h, ',') WITHIN GROUP (ORDER BY x DESC)").endswith(
+        "WITHIN GROUP (ORDER BY `__t2` DESC, `__t1`)")
+    # ties on the ordering go to the least / greatest value
+    assert "MAX(CASE WHEN (`__t2`) IS NOT NULL THEN named_struct('o', `__t2`, 'v', `__t1`) END)" in maintained(
+        "max_by(h, v)")
+
+
+def test_moment_calls_over_the_same_variables_share_one_state() -> None:
+    plan = dvm.compile_query(
+        "SELECT g, stddev(v) AS a, variance(v) AS b, var_pop(v) AS c, regr_slope(v, x) AS d, regr_r2(v, x) AS e, "
+        "covar_pop(x, v) AS f, corr(v, x) AS h FROM t GROUP BY g", AGG_SCHEMAS)
+    hidden = plan.hidden_columns()
+    assert hidden == ["__row_id", "__cnt", "__agg0_n", "__agg0_mx", "__agg0_qx",
+                      "__agg3_n", "__agg3_mx", "__agg3_qx", "__agg3_my", "__agg3_qy", "__agg3_c"], hidden
+    text = plan.tree_text()
+    assert "reads the moments kept for call 0" in text and "reads the moments kept for call 3" in text
+
+
+@pytest.mark.parametrize(
+    ("query", "construct", "needle"),
+    [
+        ("SELECT try_sum(x) AS s FROM t", "aggregate try_sum", "refresh_mode='FULL'"),
+        ("SELECT g, percentile_cont(0.5) WITHIN GROUP (ORDER BY v) AS p FROM t GROUP BY g",
+         "aggregate percentilecont", "percentile(x, p)"),
+        ("SELECT g, mode() WITHIN GROUP (ORDER BY x) AS m FROM t GROUP BY g", "aggregate mode", "WITHIN GROUP"),
+        ("SELECT g, max_by(h, v, 2) AS m FROM t GROUP BY g", "aggregate max_by", "count"),
+        ("SELECT g, kurtosis(v) FILTER (WHERE b) AS k, skewness(v) AS s, approx_top_k(h) AS t FROM t GROUP BY g",
+         "aggregate approxtopk", "not maintained"),
+    ],
+)
+def test_unmaintained_aggregates_are_refused_clearly(query: str, construct: str, needle: str) -> None:
+    with pytest.raises(UnsupportedError) as e:
+        dvm.compile_query(query, AGG_SCHEMAS)
+    assert e.value.construct == construct, str(e.value)
+    assert needle in str(e.value), str(e.value)
+
+
+def test_grouping_without_grouping_sets_is_a_query_error() -> None:
+    with pytest.raises(QueryError, match="GROUPING SETS"):
+        dvm.compile_query("SELECT g, grouping(g) AS gg FROM t GROUP BY g", AGG_SCHEMAS)

@@ -1,12 +1,17 @@
 """One module per operator of the logical tree, each with its delta rule in the module docstring."""
 
 from dvm.operators.aggregate import AggCall, Aggregate
+from dvm.operators.anti_join import AntiJoin
 from dvm.operators.base import Node
 from dvm.operators.filter import Filter
+from dvm.operators.full_join import FullJoin
 from dvm.operators.join import InnerJoin
 from dvm.operators.left_join import LeftJoin
+from dvm.operators.mark_join import Mark, MarkJoin
 from dvm.operators.project import Project
 from dvm.operators.scan import Scan
+from dvm.operators.semi_join import SemiJoin
 from dvm.operators.union_all import UnionAll
 
 __all__ = ["Node", "Scan", "Filter", "Project", "InnerJoin", "LeftJoin", "Aggregate", "AggCall", "UnionAll"]
+__all__ += ["FullJoin", "SemiJoin", "AntiJoin", "Mark", "MarkJoin"]

@@ -1,122 +1,44 @@
-"""Aggregate: GROUP BY with COUNT(*) / COUNT(x) / SUM / AVG / MIN / MAX, global aggregates, DISTINCT.
+"""Aggregate: GROUP BY (with GROUPING SETS / CUBE / ROLLUP), global aggregates, DISTINCT.
 
 Delta rules.
 
 * Nested inside a larger query (no stored state to lean on) — *group rescan*: the groups touched by the
   child's delta are recomputed from both snapshots and subtracted,
   Δγ = γ(σ_G child_post) − γ(σ_G child_pre),  G = group keys occurring in Δchild.
-  A global aggregate (no GROUP BY) always has exactly one group.
-* At the top of a stream table the group's state is stored in hidden columns of the stream table, so the
-  rules are *algebraic*: COUNT and SUM add the weighted delta (``SUM(__w * x)``), AVG keeps a sum and a
-  non-NULL count, a group disappears when its ``__cnt`` reaches 0. MIN / MAX take the least / greatest of
-  the old extremum and the inserted values, and rescan a group only when a deleted value equals its stored
-  extremum (see :mod:`dvm.plan`). HAVING switches the top to group rescan, since groups it hides have no
-  stored state.
+  A global aggregate (no GROUP BY) always has exactly one group. Any deterministic aggregate function
+  works here, since Spark evaluates it on both snapshots.
+* At the top of a stream table the group's state is stored in hidden columns of the stream table, and each
+  aggregate call is maintained by the strategy of its family (:mod:`dvm.operators.aggregates`): *algebraic*
+  (COUNT, SUM, AVG, BOOL_AND/OR, BIT_XOR, the variance / covariance / regression family: new state = old +
+  delta), *semi-algebraic* (MIN, MAX, MIN_BY, MAX_BY, BIT_AND/OR: merge insertions, rescan a group only when a
+  deletion may have removed its extremum or a bit) or *group rescan* (COUNT(DISTINCT), collect_list,
+  percentile, ...: recompute the groups a delta touches, from the post snapshot only). A group disappears
+  when its ``__cnt`` reaches 0. HAVING switches the top to group rescan, since groups it hides have no
+  stored state. See :mod:`dvm.plan`.
+
+GROUPING SETS / CUBE / ROLLUP: the aggregate has several *branches*, one per grouping set: a UNION ALL of
+GROUP BYs where the keys a set leaves out are NULL, plus a hidden set-ordinal column so that equal keys of
+different sets (and repeated sets) stay distinct groups. A grouping set without keys behaves like a grouped
+aggregate (no row over an empty input), as in Spark.
 
 DISTINCT is an aggregate with no aggregate calls: its ``__cnt`` is the tuple's multiplicity.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlglot import exp
 
 from dvm.context import Context, State, quote
+from dvm.operators.aggregates import AggCall, share_states
 from dvm.operators.base import Node, null_safe_match, union_all
 
-ALGEBRAIC = {"count_star", "count", "sum", "avg"}
-EXTREMUM = {"min", "max"}
-SUPPORTED = ALGEBRAIC | EXTREMUM
+#: one branch of an aggregate: (grouping-set ordinal or None for a plain GROUP BY, indexes of its groups)
+Branch = tuple[int | None, tuple[int, ...]]
 
-
-@dataclass(eq=False)
-class AggCall:
-    """One aggregate call: ``func`` is one of count_star, count, sum, avg, min, max."""
-
-    name: str  # internal output column
-    func: str
-    arg: exp.Expression | None
-    ordinal: int  # position among the aggregate's calls; names the hidden state columns
-
-    def arg_sql(self) -> str:
-        assert self.arg is not None
-        return self.arg.sql(dialect="spark")
-
-    def sql(self) -> str:
-        """The call itself, as evaluated on a snapshot."""
-        if self.func == "count_star":
-            return "COUNT(*)"
-        return f"{self.func.upper()}({self.arg_sql()})"
-
-    # --- stored state (hidden columns of a stream table whose top operator is this aggregate) ---
-
-    def state(self) -> list[tuple[str, str]]:
-        """Hidden state columns and how a full computation fills them."""
-        p = f"__agg{self.ordinal}"
-        if self.func == "count_star":
-            return []
-        if self.func == "count":
-            return [(f"{p}_nn", f"COUNT({self.arg_sql()})")]
-        if self.func in ("sum", "avg"):
-            return [(f"{p}_sum", f"SUM({self.arg_sql()})"), (f"{p}_nn", f"COUNT({self.arg_sql()})")]
-        return [(f"{p}_ext", f"{self.func.upper()}({self.arg_sql()})")]
-
-    def output(self) -> str:
-        """The aggregate's value computed from its state columns (and the group's ``__cnt``)."""
-        p = f"__agg{self.ordinal}"
-        if self.func == "count_star":
-            return "__cnt"
-        if self.func == "count":
-            return f"{p}_nn"
-        if self.func == "sum":
-            return f"CASE WHEN {p}_nn > 0 THEN {p}_sum END"
-        if self.func == "avg":
-            return f"CASE WHEN {p}_nn > 0 THEN CAST({p}_sum AS DOUBLE) / {p}_nn END"
-        return f"{p}_ext"
-
-    def delta_terms(self) -> list[tuple[str, str]]:
-        """Per-group summaries of the weighted child delta this call's state needs."""
-        p = f"__d{self.ordinal}"
-        if self.func == "count_star":
-            return []
-        a = self.arg_sql()
-        if self.func == "count":
-            return [(f"{p}_nn", f"SUM(CASE WHEN ({a}) IS NULL THEN 0 ELSE __w END)")]
-        if self.func in ("sum", "avg"):
-            return [(f"{p}_sum", f"SUM(__w * ({a}))"),
-                    (f"{p}_nn", f"SUM(CASE WHEN ({a}) IS NULL THEN 0 ELSE __w END)")]
-        f = self.func.upper()
-        return [(f"{p}_ins", f"{f}(CASE WHEN __w > 0 THEN {a} END)"),
-                (f"{p}_del", f"{f}(CASE WHEN __w < 0 THEN {a} END)")]
-
-    def merged_state(self) -> list[tuple[str, str]]:
-        """New state from old state (``__o`` prefix, NULL for a new group) and the delta summaries."""
-        p, d, o = f"__agg{self.ordinal}", f"__d{self.ordinal}", f"__o{self.ordinal}"
-        if self.func == "count_star":
-            return []
-        if self.func == "count":
-            return [(f"{p}_nn", f"COALESCE({o}_nn, 0) + COALESCE({d}_nn, 0)")]
-        if self.func in ("sum", "avg"):
-            return [
-                (f"{p}_sum", f"CASE WHEN {o}_sum IS NULL THEN {d}_sum WHEN {d}_sum IS NULL THEN {o}_sum "
-                             f"ELSE {o}_sum + {d}_sum END"),
-                (f"{p}_nn", f"COALESCE({o}_nn, 0) + COALESCE({d}_nn, 0)"),
-            ]
-        pick = "LEAST" if self.func == "min" else "GREATEST"
-        return [(f"{p}_ext", f"CASE WHEN {o}_ext IS NULL THEN {d}_ins WHEN {d}_ins IS NULL THEN {o}_ext "
-                             f"ELSE {pick}({o}_ext, {d}_ins) END")]
-
-    def needs_rescan(self) -> str | None:
-        """Condition under which the merged state is wrong: a deleted value was the stored extremum."""
-        if self.func not in EXTREMUM:
-            return None
-        d, o = f"__d{self.ordinal}", f"__o{self.ordinal}"
-        cmp = "<=" if self.func == "min" else ">="
-        return f"({d}_del IS NOT NULL AND {o}_ext IS NOT NULL AND {d}_del {cmp} {o}_ext)"
-
-    def old_state(self) -> list[str]:
-        return [c for c, _ in self.state()]
+__all__ = ["AggCall", "Aggregate", "Branch", "key_match"]
 
 
 @dataclass(eq=False)
@@ -124,58 +46,103 @@ class Aggregate(Node):
     child: Node
     groups: list[tuple[str, exp.Expression]]  # (internal name, expression over child columns)
     aggs: list[AggCall]
+    sets: list[tuple[int, ...]] | None = None  # grouping sets (indexes into groups); None: plain GROUP BY
+    set_col: str | None = None  # internal name of the grouping-set ordinal column (with sets)
 
     def __post_init__(self) -> None:
         self.children = [self.child]
-        self.cols = [n for n, _ in self.groups] + [a.name for a in self.aggs]
+        share_states(self.aggs)
+        if self.sets is not None and self.set_col is None:
+            self.set_col = "__set"
+        self.cols = [n for n, _ in self.groups] + [a.name for a in self.aggs] + (
+            [self.set_col] if self.sets is not None and self.set_col else [])
 
     @property
     def is_global(self) -> bool:
-        return not self.groups
+        """One group whatever the input, even an empty one (no GROUP BY, no grouping sets)."""
+        return not self.groups and self.sets is None
 
-    def group_select(self) -> str:
-        return ", ".join(f"{e.sql(dialect='spark')} AS {quote(n)}" for n, e in self.groups)
+    def key_names(self) -> list[str]:
+        """The columns that identify a group: its keys, and the grouping-set ordinal."""
+        return [n for n, _ in self.groups] + ([self.set_col] if self.sets is not None and self.set_col else [])
 
-    def group_by(self) -> str:
-        if not self.groups:
-            return ""
-        return " GROUP BY " + ", ".join(e.sql(dialect="spark") for _, e in self.groups)
+    def branches(self) -> list[Branch]:
+        if self.sets is None:
+            return [(None, tuple(range(len(self.groups))))]
+        return list(enumerate(self.sets))
+
+    def group_select(self, branch: Branch | None = None) -> str:
+        """The key columns of one branch: its group expressions, NULL for keys the set leaves out."""
+        ordinal, idx = branch if branch is not None else self.branches()[0]
+        items = [f"{e.sql(dialect='spark') if i in idx else 'NULL'} AS {quote(n)}"
+                 for i, (n, e) in enumerate(self.groups)]
+        if ordinal is not None:
+            items.append(f"CAST({ordinal} AS INT) AS {quote(self.set_col or '')}")
+        return ", ".join(items)
+
+    def group_by(self, branch: Branch | None = None) -> str:
+        ordinal, idx = branch if branch is not None else self.branches()[0]
+        if not idx:
+            # a grouping set without keys is still a group: no row when it has no input
+            return " HAVING COUNT(*) > 0" if ordinal is not None else ""
+        return " GROUP BY " + ", ".join(self.groups[i][1].sql(dialect="spark") for i in idx)
+
+    def partition(self, branch: Branch) -> str:
+        """Window clause body grouping rows like ``branch`` (for per-group pivots over a delta)."""
+        _, idx = branch
+        return "PARTITION BY " + ", ".join(self.groups[i][1].sql(dialect="spark") for i in idx) if idx else ""
 
     def affected_keys(self, ctx: Context) -> str | None:
-        """Distinct group keys occurring in the child's delta (named like the group columns)."""
+        """Distinct group keys occurring in the child's delta (named like the key columns)."""
         d = self.child.delta(ctx)
         if d is None:
             return None
         if self.is_global:
             return f"SELECT 1 AS __any FROM ({d}) LIMIT 1"
-        return f"SELECT DISTINCT {self.group_select()} FROM ({d})"
+        return union_all([f"SELECT DISTINCT {self.group_select(b)} FROM ({d})" for b in self.branches()])
 
-    def restricted(self, ctx: Context, state: State, keys: str, select: str) -> str:
-        """``select`` grouped over the child at ``state``, only for groups in ``keys``."""
+    def restricted(self, ctx: Context, state: State, keys: str, select: str | Callable[[Branch], str],
+                   pre: Callable[[str], str] | None = None) -> str:
+        """``select`` (per branch) grouped over the child at ``state`` (passed through ``pre``), only for
+        the groups in ``keys``."""
         child = self.child.snapshot(ctx, state)
+        child = pre(child) if pre is not None else child
         if self.is_global:
-            return f"SELECT {select} FROM ({child})"
-        on = " AND ".join(f"({e.sql(dialect='spark')}) <=> __k.{quote(n)}" for n, e in self.groups)
-        return f"SELECT {select} FROM ({child}) __c LEFT SEMI JOIN ({keys}) __k ON {on}{self.group_by()}"
+            sel = select if isinstance(select, str) else select(self.branches()[0])
+            return f"SELECT {sel} FROM ({child})"
+        parts = []
+        for b in self.branches():
+            ordinal, idx = b
+            sel = select if isinstance(select, str) else select(b)
+            on = " AND ".join(f"({self.groups[i][1].sql(dialect='spark')}) <=> __k.{quote(self.groups[i][0])}"
+                              for i in idx) or "TRUE"
+            k = keys if ordinal is None else f"SELECT * FROM ({keys}) WHERE {quote(self.set_col or '')} = {ordinal}"
+            parts.append(f"SELECT {sel} FROM ({child}) __c LEFT SEMI JOIN ({k}) __k ON {on}{self.group_by(b)}")
+        out = union_all(parts)
+        assert out is not None
+        return out
 
-    def _select(self) -> str:
-        items = [self.group_select()] if self.groups else []
+    def _select(self, branch: Branch) -> str:
+        items = [self.group_select(branch)] if self.key_names() else []
         items += [f"{a.sql()} AS {quote(a.name)}" for a in self.aggs]
         return ", ".join(items) if items else "COUNT(*) AS __cnt_unused"
 
     def snapshot(self, ctx: Context, state: State) -> str:
-        if not self.aggs and self.groups:  # DISTINCT
-            return f"SELECT {self.group_select()} FROM ({self.child.snapshot(ctx, state)}){self.group_by()}"
-        return f"SELECT {self._select()} FROM ({self.child.snapshot(ctx, state)}){self.group_by()}"
+        child = self.child.snapshot(ctx, state)
+        if not self.aggs and self.groups and self.sets is None:  # DISTINCT
+            return f"SELECT {self.group_select()} FROM ({child}){self.group_by()}"
+        out = union_all([f"SELECT {self._select(b)} FROM ({child}){self.group_by(b)}" for b in self.branches()])
+        assert out is not None
+        return out
 
     def delta(self, ctx: Context) -> str | None:
         keys = self.affected_keys(ctx)
         if keys is None:
             return None
-        select = self._select() if self.aggs or not self.groups else self.group_select()
+        distinct = not self.aggs and self.groups and self.sets is None
         parts = []
         for state, sign in (("post", 1), ("pre", -1)):
-            part = self.restricted(ctx, state, keys, select)
+            part = self.restricted(ctx, state, keys, self.group_select() if distinct else self._select)
             if self.is_global:
                 # only when something changed; the single group always exists on both sides
                 part = f"SELECT * FROM ({part}) WHERE EXISTS ({keys})"
@@ -187,8 +154,11 @@ class Aggregate(Node):
 
     def label(self) -> str:
         g = ", ".join(e.sql(dialect="spark") for _, e in self.groups) or "()"
+        if self.sets is not None:
+            names = [e.sql(dialect="spark") for _, e in self.groups]
+            g = f"GROUPING SETS ({', '.join('(' + ', '.join(names[i] for i in s) + ')' for s in self.sets)})"
         if not self.aggs:
-            return f"Distinct [{g}]" if self.groups else "Aggregate ()"
+            return f"Distinct [{g}]" if self.groups and self.sets is None else f"Aggregate {g}"
         return f"Aggregate GROUP BY {g}: " + ", ".join(a.sql() for a in self.aggs)
 
 

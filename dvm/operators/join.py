@@ -13,17 +13,125 @@ the other side.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dvm.context import Context, State
-from dvm.operators.base import Node, W, col_list, consolidate, union_all
+from dvm.context import Context, State, quote
+from dvm.operators.base import Node, W, col_list, consolidate, null_safe_match, union_all
+
+_NAMES = itertools.count(1)
 
 
 def join_sql(left: str, right: str, kind: str, condition: exp.Expression | None, select: str) -> str:
     on = condition.sql(dialect="spark") if condition is not None else "TRUE"
     return f"SELECT {select} FROM ({left}) __l {kind} JOIN ({right}) __r ON {on}"
+
+
+class Inputs:
+    """What a join's delta rule reads — each input's delta and snapshots — rendered once per refresh and
+    named once in a WITH clause, however many terms of the rule read it. Without this the SQL of nested
+    joins grows exponentially with depth (every term repeats its inputs' whole SQL), and Spark spends its
+    time analysing and optimising copies; a CTE read several times is also computed once (its exchanges
+    are reused). Identical SQL (e.g. the pre and post snapshot of an unchanged input) gets one name."""
+
+    def __init__(self, ctx: Context, **nodes: Node) -> None:
+        self.ctx = ctx
+        self.nodes = nodes
+        self.defs: list[tuple[str, str]] = []
+        self._deltas: dict[str, str | None] = {}
+        self._snapshots: dict[tuple[str, State], str] = {}
+
+    def share(self, sql: str) -> str:
+        """A query reading ``sql`` through a name of this WITH clause."""
+        for name, body in self.defs:
+            if body == sql:
+                return f"SELECT * FROM {name}"
+        name = f"__j{next(_NAMES)}"
+        self.defs.append((name, sql))
+        return f"SELECT * FROM {name}"
+
+    def delta(self, side: str) -> str | None:
+        if side not in self._deltas:
+            d = self.nodes[side].delta(self.ctx)
+            self._deltas[side] = None if d is None else self.share(d)
+        return self._deltas[side]
+
+    def snapshot(self, side: str, state: State) -> str:
+        if (side, state) not in self._snapshots:
+            self._snapshots[(side, state)] = self.share(self.nodes[side].snapshot(self.ctx, state))
+        return self._snapshots[(side, state)]
+
+    def wrap(self, body: str | None) -> str | None:
+        if body is None or not self.defs:
+            return body
+        return "WITH " + ",\n".join(f"{n} AS ({b})" for n, b in self.defs) + "\n" + body
+
+
+#: the state tag of rows recomputed on both snapshots in one pass: +1 post, -1 pre (it is also their weight)
+TAG = "__sa"
+#: the state tag of the other input's rows they are joined with
+OTHER_TAG = "__sb"
+
+
+def _signs(column: str) -> str:
+    return f"(VALUES (CAST(1 AS BIGINT)), (CAST(-1 AS BIGINT))) AS __signs({column})"
+
+
+def _tagged(inputs: Inputs, side: str, column: str) -> str:
+    post, pre = inputs.snapshot(side, "post"), inputs.snapshot(side, "pre")
+    if post == pre:  # unchanged input: read it once, twice over
+        return f"SELECT __x.*, __signs.{column} FROM ({post}) __x CROSS JOIN {_signs(column)}"
+    return (f"SELECT *, CAST(1 AS BIGINT) AS {column} FROM ({post}) UNION ALL "
+            f"SELECT *, CAST(-1 AS BIGINT) AS {column} FROM ({pre})")
+
+
+def both_states(inputs: Inputs, side: str) -> str:
+    """All rows of the input ``side`` at both frontiers, tagged ``__sb`` = +1 (post) / -1 (pre)."""
+    return _tagged(inputs, side, OTHER_TAG)
+
+
+def tagged_condition(condition: exp.Expression | None) -> str:
+    """``condition`` restricted to rows of the same state (see :func:`affected_rows`)."""
+    on = condition.sql(dialect="spark") if condition is not None else "TRUE"
+    return f"({on}) AND __l.{TAG} = __r.{OTHER_TAG}"
+
+
+def affected_rows(inputs: Inputs, side: str, others: list[tuple[str, exp.Expression | None]]) -> str:
+    """σ_P X_post ⊎ σ_P X_pre in one relation, tagged ``__sa`` = +1 / -1, X the input ``side`` of a join: the
+    rows whose tuple occurs in X's own delta, or that match some row of another input's delta under that
+    input's condition (P(x) in the rules of the outer, semi, anti and mark joins). Every other row meets the
+    same partners before and after, so those rules recompute only these rows, joining them with the other
+    input's rows of the same state (:func:`both_states`, :func:`tagged_condition`); the tag is the sign.
+    At least one other input must have changed (the others are skipped).
+
+    P is a property of the tuple, so the affected tuples are found once for both states:
+    K = D ∪ ⋃ π(X_post ⋉_θ ΔOther), D = the distinct tuples of ΔX, and σ_P X_state = X_state ⋉ K (matched
+    NULL-safely). K needs no X_pre: a tuple of X_pre that is not in X_post changed, so it is in D.
+    A condition may reference both inputs' columns: internal names are unique across the tree, so it reads
+    the same whichever side X is. One pass over both states reads every input once: Spark inlines every
+    repeated subquery, so a rule that reads an input twice doubles the plan of everything below it."""
+    node = inputs.nodes[side]
+    changed = [(inputs.delta(o), cond) for o, cond in others if inputs.delta(o) is not None]
+    assert changed, "affected rows need a changed other input"
+
+    def by_other(src: str, delta: str, cond: exp.Expression | None, cols: str) -> str:
+        on = cond.sql(dialect="spark") if cond is not None else "TRUE"
+        return f"SELECT {cols} FROM ({src}) __a LEFT SEMI JOIN ({delta}) __e ON {on}"
+
+    own_delta = inputs.delta(side)
+    if own_delta is None and len(changed) == 1:  # X_pre = X_post: P is the match with ΔOther alone
+        hit = by_other(inputs.snapshot(side, "post"), *changed[0], "__a.*")  # type: ignore[misc]
+        return f"SELECT __h.*, __signs.{TAG} FROM ({hit}) __h CROSS JOIN {_signs(TAG)}"
+    renamed = ", ".join(f"{quote(c)} AS {quote('__d_' + c)}" for c in node.cols)
+    parts = [f"SELECT {renamed} FROM ({own_delta})"] if own_delta is not None else []
+    post = inputs.snapshot(side, "post")
+    parts += [f"SELECT {renamed} FROM ({by_other(post, d, c, col_list(node.cols, '__a.'))})"  # type: ignore[arg-type]
+              for d, c in changed]
+    keys = f"SELECT DISTINCT * FROM ({union_all(parts)})"
+    match = null_safe_match("__a", "__d", [(c, "__d_" + c) for c in node.cols])
+    return f"SELECT __a.* FROM ({_tagged(inputs, side, TAG)}) __a LEFT SEMI JOIN ({keys}) __d ON {match}"
 
 
 @dataclass(eq=False)
@@ -48,26 +156,35 @@ class BinaryJoin(Node):
     def on_sql(self) -> str:
         return self.condition.sql(dialect="spark") if self.condition is not None else "TRUE"
 
+    def inputs(self, ctx: Context) -> Inputs:
+        return Inputs(ctx, left=self.left, right=self.right)
+
+
+def inner_delta(cols: list[str], condition: exp.Expression | None, inputs: Inputs) -> str | None:
+    """ΔL ⋈ R_post + L_post ⋈ ΔR − ΔL ⋈ ΔR over the inputs ``left`` and ``right`` (see the module doc)."""
+    parts = []
+    dl = inputs.delta("left")
+    dr = inputs.delta("right")
+    if dl is not None:
+        parts.append(join_sql(dl, inputs.snapshot("right", "post"), "INNER", condition,
+                              f"{col_list(cols)}, __l.{W}"))
+    if dr is not None:
+        parts.append(join_sql(inputs.snapshot("left", "post"), dr, "INNER", condition,
+                              f"{col_list(cols)}, __r.{W}"))
+    if dl is None or dr is None:
+        return union_all(parts)
+    # the correction term cancels rows of the other two (a changed row joined with a deleted partner
+    # appears once with +w and once with -w): net them, MIN/MAX above must not see phantom inserts
+    parts.append(join_sql(dl, dr, "INNER", condition, f"{col_list(cols)}, -(__l.{W} * __r.{W}) AS {W}"))
+    return consolidate(union_all(parts), cols)  # type: ignore[arg-type]
+
 
 @dataclass(eq=False)
 class InnerJoin(BinaryJoin):
 
     def delta(self, ctx: Context) -> str | None:
-        parts = []
-        dl = self.left.delta(ctx)
-        dr = self.right.delta(ctx)
-        if dl is not None:
-            parts.append(join_sql(dl, self.right.snapshot(ctx, "post"), "INNER", self.condition,
-                                  f"{col_list(self.cols)}, __l.{W}"))
-        if dr is not None:
-            parts.append(join_sql(self.left.snapshot(ctx, "post"), dr, "INNER", self.condition,
-                                  f"{col_list(self.cols)}, __r.{W}"))
-        if dl is None or dr is None:
-            return union_all(parts)
-        # the correction term cancels rows of the other two (a changed row joined with a deleted partner
-        # appears once with +w and once with -w): net them, MIN/MAX above must not see phantom inserts
-        parts.append(join_sql(dl, dr, "INNER", self.condition, f"{col_list(self.cols)}, -(__l.{W} * __r.{W}) AS {W}"))
-        return consolidate(union_all(parts), self.cols)  # type: ignore[arg-type]
+        inputs = self.inputs(ctx)
+        return inputs.wrap(inner_delta(self.cols, self.condition, inputs))
 
     def label(self) -> str:
         return f"InnerJoin ON {self.on_sql()}"
