@@ -32,8 +32,11 @@ from dvm.operators import (
     Project,
     Scan,
     SemiJoin,
+    TopK,
     UnionAll,
+    Window,
 )
+from dvm.operators.window import owning_window
 
 #: functions whose value changes between evaluations: a delta computed with them would not add up
 VOLATILE = {
@@ -62,6 +65,7 @@ def parse(sql: str, dialect: str = "spark") -> exp.Expression:
     tree = statements[0]
     if not isinstance(tree, exp.Query):
         raise QueryError(f"the defining query must be a SELECT query, got {tree.key.upper()}")
+    rewrite.check_limits(tree)
     return tree
 
 
@@ -94,11 +98,14 @@ def reject_unsupported(tree: exp.Expression) -> None:
     """Fail on constructs the operator tree cannot maintain, naming them and saying what to do."""
     for node in tree.walk():
         if isinstance(node, exp.Window):
-            raise UnsupportedError("window function", f"window functions ({node.sql('spark')}) are not "
-                                   "maintained differentially yet; use refresh_mode='FULL' or AUTO")
-        if isinstance(node, (exp.Limit, exp.Offset, exp.Fetch)):
-            raise UnsupportedError("LIMIT", "LIMIT/OFFSET cannot be maintained differentially (TopK is not "
-                                   "supported yet); drop the LIMIT or use refresh_mode='FULL'")
+            check_window_position(node)
+        if isinstance(node, (exp.Limit, exp.Offset, exp.Fetch)) and not (
+            node.parent is not None and node.parent.args.get("order")
+        ):
+            raise UnsupportedError("LIMIT", f"{node.sql('spark')} without ORDER BY keeps arbitrary rows, so a "
+                                   "stream table cannot be kept equal to its query; add ORDER BY with a unique "
+                                   "key (e.g. ORDER BY amount DESC, id LIMIT 10) to keep the top rows instead, or use "
+                                   "refresh_mode='FULL'")
         if isinstance(node, exp.TableSample):
             raise UnsupportedError("TABLESAMPLE", "TABLESAMPLE is random, so a stream table cannot be kept "
                                    "equal to its query; sample the source into a table instead")
@@ -137,6 +144,8 @@ def reject_unsupported(tree: exp.Expression) -> None:
             raise UnsupportedError("volatile function", f"non-deterministic function {name}() gives a "
                                    "different value at every evaluation, so its deltas do not add up; "
                                    "compute it in the source table, or use refresh_mode='FULL'")
+        if owning_window(node) is not None:
+            continue  # evaluated by its window (partition recompute): any deterministic function works
         if (isinstance(node, exp.AggFunc) and type(node) not in AGG_FUNCS
                 and not isinstance(node, aggregates.GROUPING_FUNCS)):
             raise aggregates.unsupported(f"aggregate {node.key}", node.sql("spark")[:60],
@@ -159,6 +168,46 @@ def reject_unsupported(tree: exp.Expression) -> None:
                                        "use refresh_mode='FULL' or AUTO")
 
 
+def check_window_position(w: exp.Window) -> None:
+    """A window function belongs in a SELECT list or an ORDER BY (QUALIFY is rewritten before this)."""
+    n: exp.Expression = w
+    while n.parent is not None and not isinstance(n.parent, (exp.Select, exp.Union)):
+        if isinstance(n.parent, exp.Window):
+            raise QueryError(f"nested window function {n.parent.sql('spark')[:80]}")
+        n = n.parent
+    if n.arg_key not in ("expressions", "order"):
+        raise QueryError(f"window function {w.sql('spark')[:80]} is allowed only in the SELECT list, ORDER BY "
+                         "or QUALIFY (filter on it in an outer query: SELECT * FROM (SELECT ..., "
+                         "ROW_NUMBER() OVER (...) AS rn FROM t) WHERE rn <= 3)")
+
+
+def limit_of(q: exp.Expression) -> tuple[int | None, int] | None:
+    """(LIMIT, OFFSET) of a query as integers, None without either; FETCH FIRST n ROWS ONLY is a LIMIT."""
+    limit, offset = q.args.get("limit"), q.args.get("offset")
+    if limit is None and offset is None:
+        return None
+
+    def value(node: exp.Expression | None, what: str) -> int | None:
+        if node is None:
+            return None
+        e = node.args.get("count") if isinstance(node, exp.Fetch) else node.expression
+        if e is None and isinstance(node, exp.Fetch):
+            return 1  # FETCH FIRST ROW ONLY
+        if not (isinstance(e, exp.Literal) and e.is_int) or int(e.name) < 0:
+            raise UnsupportedError(what, f"{what} {e.sql('spark') if e is not None else ''} must be a "
+                                   "non-negative integer literal to be maintained differentially; write the "
+                                   "number instead, or use refresh_mode='FULL'")
+        return int(e.name)
+
+    n = value(limit, "LIMIT")
+    return n, value(offset, "OFFSET") or 0
+
+
+def _orderable(ty: str | None) -> bool:
+    """Spark can sort this type (maps and variants cannot be ordered)."""
+    return ty is None or not any(t in ty.lower() for t in ("map<", "variant"))
+
+
 class _Builder:
     """Walks one qualified query; hands out unique internal column names."""
 
@@ -167,6 +216,7 @@ class _Builder:
         self.schemas = schemas  # source key -> [(column, type)]
         self.counter = 0
         self.notes: list[str] = []
+        self.types: dict[str, str] = {}  # internal column -> source type, where known (tie-breakers skip maps)
 
     def fresh(self) -> str:
         self.counter += 1
@@ -193,7 +243,81 @@ class _Builder:
         node: Node = UnionAll([left, right], [self.fresh() for _ in left.cols])
         if q.args.get("distinct"):
             node = Aggregate(node, [(self.fresh(), exp.column(c, quoted=True)) for c in node.cols], [])
+        bounds = limit_of(q)
+        if bounds is not None:
+            keys = []
+            for o in q.args["order"].expressions:
+                k = o.this
+                idx = next((i for i, n in enumerate(names) if isinstance(k, exp.Column) and not k.table
+                            and n.lower() == k.name.lower()), None)
+                if isinstance(k, exp.Literal) and k.is_int and 0 < int(k.name) <= len(names):
+                    idx = int(k.name) - 1
+                if idx is None:
+                    raise UnsupportedError("ORDER BY", f"ORDER BY {k.sql('spark')} of a UNION must name an output "
+                                           "column (or its position)")
+                keys.append(self._ordered(o, node.cols[idx]))
+            node = TopK(node, keys, bounds[0], bounds[1], self.tie_cols(node))
+        elif q.args.get("order"):
+            self.notes.append("ORDER BY without LIMIT is ignored: a table has no order")
         return node, names
+
+    @staticmethod
+    def _ordered(o: exp.Ordered, col: str) -> exp.Ordered:
+        return exp.Ordered(this=exp.column(col, quoted=True), desc=bool(o.args.get("desc")),
+                           nulls_first=o.args.get("nulls_first"))
+
+    def tie_cols(self, node: Node) -> list[str]:
+        return [c for c in node.cols if _orderable(self.types.get(c))]
+
+    def _propagate_types(self, items: list[tuple[str, exp.Expression]]) -> None:
+        for name, e in items:
+            if isinstance(e, exp.Column) and e.name in self.types:
+                self.types[name] = self.types[e.name]
+
+    def windows(self, node: Node, items: list[tuple[str, exp.Expression]]) -> tuple[Node, list[tuple[str, exp.Expression]]]:
+        """Pull the window functions out of ``items`` (expressions over ``node``'s columns) into a Window node
+        below them; the items then read the window's output columns."""
+        funcs: list[tuple[str, exp.Window]] = []
+        by_sql: dict[str, str] = {}
+
+        def pull(n: exp.Expression) -> exp.Expression:
+            if not isinstance(n, exp.Window):
+                return n
+            sql = n.sql("spark")
+            if sql not in by_sql:
+                by_sql[sql] = self.fresh()
+                funcs.append((by_sql[sql], n.copy()))
+            return exp.column(by_sql[sql], quoted=True)
+
+        out = [(name, e.transform(pull)) for name, e in items]
+        if not funcs:
+            return node, items
+        return Window(node, funcs, self.tie_cols(node)), out
+
+    def order_keys(self, q: exp.Select, items: list[tuple[str, exp.Expression]], names: list[str],
+                   tr: object, distinct: bool) -> list[tuple[int, exp.Ordered]]:
+        """The ORDER BY of a TopK as (position in ``items``, key): an output column by name or position, an
+        expression equal to a selected one, or else a hidden item appended to ``items`` (not with DISTINCT,
+        whose rows are the selected columns only)."""
+        out = []
+        for o in q.args["order"].expressions:
+            k = o.this
+            idx = None
+            if isinstance(k, exp.Literal) and k.is_int and 0 < int(k.name) <= len(names):
+                idx = int(k.name) - 1
+            elif isinstance(k, exp.Column) and not k.table:
+                idx = next((i for i, n in enumerate(names) if n.lower() == k.name.lower()), None)
+            if idx is None:
+                t = tr(k)  # type: ignore[operator]
+                idx = next((i for i, (_, e) in enumerate(items) if e.sql("spark") == t.sql("spark")), None)
+                if idx is None:
+                    if distinct:
+                        raise QueryError(f"ORDER BY {k.sql('spark')} of a SELECT DISTINCT must be one of the "
+                                         "selected columns")
+                    items.append((self.fresh(), t))
+                    idx = len(items) - 1
+            out.append((idx, o))
+        return out
 
     def with_ctes(self, q: exp.Expression, ctes: dict[str, exp.Expression]) -> dict[str, exp.Expression]:
         w = q.args.get("with_") or q.args.get("with")
@@ -206,10 +330,11 @@ class _Builder:
 
     def select(self, q: exp.Select, ctes: dict[str, exp.Expression]) -> tuple[Node, list[str]]:
         ctes = self.with_ctes(q, ctes)
-        if q.args.get("order"):
+        bounds = limit_of(q)
+        if q.args.get("order") and bounds is None:
             self.notes.append("ORDER BY without LIMIT is ignored: a table has no order")
-        if q.args.get("distinct") and q.args["distinct"].args.get("on"):
-            raise UnsupportedError("DISTINCT ON", "DISTINCT ON is not supported yet; use ROW_NUMBER()")
+        if q.args.get("distinct") and q.args["distinct"].args.get("on"):  # rewritten by compile_tree
+            raise UnsupportedError("DISTINCT ON", "DISTINCT ON must be rewritten first (rewrite.eliminate_distinct_on)")
         used = self.used_columns(q)
         env: dict[tuple[str, str], str] = {}
         from_ = q.args.get("from_") or q.args.get("from")
@@ -223,21 +348,35 @@ class _Builder:
         selects = q.expressions
         having = q.args.get("having")
         group = q.args.get("group")
-        has_aggs = any(self.aggs_in(e) for e in selects) or (having is not None and self.aggs_in(having))
+        order = q.args.get("order")
+        has_aggs = any(self.aggs_in(e) for e in selects) or (having is not None and self.aggs_in(having)) or (
+            bounds is not None and order is not None and self.aggs_in(order))
         if group is not None or has_aggs:
             node, post = self.aggregate(node, q, env)
             if having is not None:
                 node = Filter(node, post(having.this))
-            items = [(self.fresh(), post(e.this if isinstance(e, exp.Alias) else e)) for e in selects]
+            tr = post
         else:
             if having is not None:
                 raise QueryError("HAVING without GROUP BY or aggregate")
-            items = [(self.fresh(), self.translate(e.this if isinstance(e, exp.Alias) else e, env))
-                     for e in selects]
+
+            def tr(e: exp.Expression) -> exp.Expression:
+                return self.translate(e, env)
+
+        items = [(self.fresh(), tr(e.this if isinstance(e, exp.Alias) else e)) for e in selects]
         names = [e.alias_or_name for e in selects]
+        distinct = bool(q.args.get("distinct"))
+        keys = self.order_keys(q, items, names, tr, distinct) if bounds is not None else []
+        node, items = self.windows(node, items)
         node = Project(node, items)
-        if q.args.get("distinct"):
+        self._propagate_types(items)
+        if distinct:
             node = Aggregate(node, [(self.fresh(), exp.column(c, quoted=True)) for c in node.cols], [])
+        if bounds is not None:
+            ordered = [self._ordered(o, node.cols[i]) for i, o in keys]
+            node = TopK(node, ordered, bounds[0], bounds[1], self.tie_cols(node))
+            if len(node.cols) > len(names):  # drop the hidden sort columns
+                node = Project(node, [(c, exp.column(c, quoted=True)) for c in node.cols[:len(names)]])
         return node, names
 
     def _right_join(self, left: Node, right: Node, cond: exp.Expression | None) -> Node:
@@ -412,6 +551,7 @@ class _Builder:
                 schema = self.schemas[key]
                 want = {c.lower() for c in used.get(alias, [])}
                 columns = [(c, self.fresh()) for c, _ in schema if c.lower() in want]
+                self.types.update({i: ty for (c, ty) in schema for (c2, i) in columns if c2 == c})
                 scan = Scan(key, columns, self.fresh())
                 return scan, {(alias, c.lower()): i for c, i in columns}
             if not item.db and name in ctes:
@@ -480,7 +620,8 @@ class _Builder:
 
     @staticmethod
     def aggs_in(e: exp.Expression) -> bool:
-        return any(True for _ in e.find_all(exp.AggFunc))
+        """``e`` holds a GROUP BY aggregate (not the function of a window: ``SUM(x) OVER (...)``)."""
+        return any(owning_window(a) is None for a in e.find_all(exp.AggFunc))
 
     def aggregate(self, node: Node, q: exp.Select, env: dict[tuple[str, str], str]):
         """The Aggregate node of a grouped SELECT, and ``post``: an expression over the SELECT's scope
@@ -495,9 +636,11 @@ class _Builder:
         calls: list[AggCall] = []
         by_sql: dict[str, str] = {}
         exprs = [e for e in q.expressions] + ([q.args["having"]] if q.args.get("having") else [])
+        if q.args.get("order") and limit_of(q) is not None:
+            exprs.append(q.args["order"])
         for e in exprs:
             for a in e.find_all(exp.AggFunc):
-                if isinstance(a, aggregates.GROUPING_FUNCS):
+                if isinstance(a, aggregates.GROUPING_FUNCS) or owning_window(a) is not None:
                     continue
                 call = aggregates.build_call(a, tr, self.fresh(), len(calls))
                 if call.sql() not in by_sql:
@@ -523,7 +666,26 @@ class _Builder:
                                  for i, b in enumerate(bits)])
 
         def post(e: exp.Expression) -> exp.Expression:
+            def children(n: exp.Expression) -> exp.Expression:
+                for k, v in list(n.args.items()):
+                    if isinstance(v, exp.Expression):
+                        n.set(k, rewrite(v))
+                    elif isinstance(v, list):
+                        n.set(k, [rewrite(x) if isinstance(x, exp.Expression) else x for x in v])
+                return n
+
             def rewrite(n: exp.Expression) -> exp.Expression:
+                if isinstance(n, exp.Window):  # evaluated above the aggregate: rewrite what it reads
+                    f = n.this
+                    while isinstance(f, (exp.IgnoreNulls, exp.RespectNulls)):
+                        f = f.this
+                    children(f)
+                    for k, v in list(n.args.items()):
+                        if k != "this" and isinstance(v, exp.Expression):
+                            n.set(k, rewrite(v))
+                        elif k != "this" and isinstance(v, list):
+                            n.set(k, [rewrite(x) if isinstance(x, exp.Expression) else x for x in v])
+                    return n
                 if isinstance(n, aggregates.GROUPING_FUNCS):
                     return grouping(n)
                 if isinstance(n, exp.AggFunc):
@@ -538,16 +700,19 @@ class _Builder:
                         return exp.column(group_sql[t.sql("spark")], quoted=True)
                 if isinstance(n, exp.Column):
                     raise QueryError(f"column {n.sql('spark')} must appear in GROUP BY or inside an aggregate")
-                for k, v in list(n.args.items()):
-                    if isinstance(v, exp.Expression):
-                        n.set(k, rewrite(v))
-                    elif isinstance(v, list):
-                        n.set(k, [rewrite(x) if isinstance(x, exp.Expression) else x for x in v])
-                return n
+                return children(n)
 
             return rewrite(e.copy())
 
         return agg, post
+
+
+def window_rewrites(tree: exp.Expression) -> exp.Expression:
+    """Named windows inlined, QUALIFY and DISTINCT ON turned into ROW_NUMBER()-style subqueries: pure
+    sqlglot rewrites shared by the differential and the FULL path (see :mod:`dvm.rewrite`)."""
+    tree = rewrite.expand_named_windows(tree)
+    tree = rewrite.eliminate_qualify(tree)
+    return rewrite.eliminate_distinct_on(tree)
 
 
 def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect: str = "spark"
@@ -561,6 +726,8 @@ def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect
     for t in tables:
         if table_key(t) not in schemas:
             raise QueryError(f"unknown table {table_key(t)}")
+    tree = window_rewrites(tree)
+    tables = source_tables(tree)
     aggregates.normalize(tree)  # FILTER, every/some/std, COUNT_IF, ...: see dvm.operators.aggregates.rewrite
     reject_unsupported(tree)
     # give every source a flat placeholder name so sqlglot's schema lookup is unambiguous
@@ -610,7 +777,9 @@ def pin_sources(sql: str, from_items: Mapping[str, str], dialect: str = "spark")
         t.set("catalog", None)
         if not t.alias:
             t.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
-    rewrite.expand_quantified(tree)  # Spark SQL cannot parse x op ANY/ALL (subquery)
+    tree = rewrite.expand_quantified(tree)  # Spark SQL cannot parse x op ANY/ALL (subquery)
+    tree = rewrite.eliminate_qualify(tree)  # sqlglot's own would keep ORDER BY / LIMIT inside
+    tree = rewrite.eliminate_distinct_on(tree)  # ... and drop the ORDER BY of a LIMIT
     out = tree.sql(dialect="spark")
     for mark, item in marks.items():
         out = out.replace(mark, item)

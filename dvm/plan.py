@@ -8,6 +8,9 @@ Two layouts, chosen from the shape of the tree:
   a refresh reads the old state from the stream table itself instead of rescanning sources.
 * **bag** — anything else. One stored row per distinct output tuple; ``__row_id`` = xxhash64 of the tuple;
   ``__mult`` counts its duplicates, so bags are exact without relying on unique hashes per duplicate.
+  When the query ends in ORDER BY ... LIMIT (a TopK, optionally under the projection dropping hidden sort
+  columns) the stored rows are the top of the pre snapshot: a refresh computes the top of the post snapshot
+  and merges its difference with the stored rows, never reading the pre snapshot.
 
 Both the FULL and the DIFFERENTIAL path compute ``__row_id`` with the same expression, so a table refreshed
 either way is bit-for-bit the same.
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from dvm.context import Context, quote
-from dvm.operators import Aggregate, Filter, Node, Project
+from dvm.operators import Aggregate, Filter, Node, Project, TopK
 from dvm.operators.aggregate import Branch, key_match
 from dvm.operators.base import W, col_list, union_all
 
@@ -137,6 +140,17 @@ def keyed_top(root: Node) -> KeyedTop | None:
     return None
 
 
+def topk_top(root: Node) -> TopK | None:
+    """The TopK at the top of the tree: the root, or under a projection that only picks its columns."""
+    if isinstance(root, TopK):
+        return root
+    if isinstance(root, Project) and isinstance(root.child, TopK) and all(
+        isinstance(e, exp.Column) for _, e in root.items
+    ):
+        return root.child
+    return None
+
+
 @dataclass
 class Plan:
     """A compiled defining query."""
@@ -147,6 +161,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         self.keyed = keyed_top(self.root)
+        self.topk = topk_top(self.root) if self.keyed is None else None
 
     @property
     def layout(self) -> str:
@@ -220,11 +235,13 @@ class Plan:
     def merge_source_sql(self, ctx: Context, types: list[str]) -> str | None:
         """Rows to MERGE into the stream table on ``__row_id``; None when provably nothing changed."""
         if self.keyed is None:
+            cast = ", ".join(f"CAST({quote(i)} AS {ty}) AS {quote(n)}"
+                             for i, n, ty in zip(self.root.cols, self.names, types, strict=True))
+            if self.topk is not None:
+                return self._topk_rows(ctx, cast, types)
             d = self.root.delta(ctx)
             if d is None:
                 return None
-            cast = ", ".join(f"CAST({quote(i)} AS {ty}) AS {quote(n)}"
-                             for i, n, ty in zip(self.root.cols, self.names, types, strict=True))
             return bag_rows_sql(f"SELECT {cast}, {W} FROM ({d})", self.names, types, W)
         fin = self._rescan_groups(ctx) if self.keyed.having is not None else self._algebraic(ctx)
         if fin is None:
@@ -236,6 +253,15 @@ class Plan:
         deleted = " OR ".join(f"({c})" for c in conds) if conds else "FALSE"
         return (f"SELECT {k.row_id()} AS {ROW_ID}, {self._user_select(types, DEL)}, {self._state_list()}, "
                 f"{DEL} FROM (SELECT *, {deleted} AS {DEL} FROM ({self._with_outputs(fin)}))")
+
+    def _topk_rows(self, ctx: Context, cast: str, types: list[str]) -> str | None:
+        """TopK at the top: the stored rows are TopK(pre) (whatever tied rows it kept), so the change is
+        TopK(post) − stored; the table then holds exactly the new top."""
+        if not self.root.changed(ctx):
+            return None
+        post = f"SELECT {cast}, CAST(1 AS BIGINT) AS {W} FROM ({self.root.snapshot(ctx, 'post')})"
+        stored = f"SELECT {col_list(self.names)}, -{MULT} AS {W} FROM {ctx.target()}"
+        return bag_rows_sql(f"{post} UNION ALL {stored}", self.names, types, W)
 
     def _delta_summary(self, dchild: str, branch: Branch) -> str:
         """The child's delta summarised per group of one branch: ``__d_cnt`` and every call's delta terms."""
@@ -331,6 +357,8 @@ class Plan:
         def walk(n: Node, depth: int) -> None:
             top = self.keyed is not None and n is self.keyed.agg
             how = self.keyed.strategy if top and self.keyed is not None else n.strategy()
+            if n is self.topk:
+                how = "top of the stream table: TopK of the post snapshot merged against the stored rows"
             lines.append("  " * depth + f"{n.label()}    -- {how}")
             if top and self.keyed is not None:
                 lines.extend("  " * (depth + 1) + "· " + line for line in self.keyed.call_lines())
@@ -339,6 +367,9 @@ class Plan:
 
         if self.keyed is not None:
             lines.append(f"[top: keyed layout; {self.keyed.strategy}]")
+        elif self.topk is not None:
+            lines.append("[top: bag layout holding exactly the top rows; a refresh recomputes the top of the post "
+                         "snapshot when a source changed and merges the difference with the stored rows]")
         else:
             lines.append("[top: bag layout; rows consolidated on all columns, duplicates in __mult]")
         walk(self.root, 0)

@@ -11,11 +11,17 @@
   top-level conjuncts.
 * :func:`expand_quantified` — ``x op ANY/SOME/ALL (subquery)``, which Spark SQL cannot parse, as CASE over
   two EXISTS with SQL's three-valued result, so a FULL refresh can run it.
+* :func:`expand_named_windows`, :func:`eliminate_qualify`, :func:`eliminate_distinct_on` — ``OVER w``,
+  QUALIFY and PostgreSQL's DISTINCT ON as plain window functions in a subquery with a WHERE on top (the
+  window operator, :mod:`dvm.operators.window`, maintains them); the FULL path runs the same rewrites, so
+  both read the query alike. :func:`check_limits` refuses ``FETCH ... WITH TIES`` / ``PERCENT``.
 """
 
 from __future__ import annotations
 
 from sqlglot import exp
+
+from dvm.errors import QueryError
 
 MERGED = "trickle_merged_join"
 
@@ -212,3 +218,165 @@ def expand_quantified(tree: exp.Expression) -> exp.Expression:
         return exp.Paren(this=case)
 
     return tree.transform(rewrite, copy=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# Window clauses: named windows, QUALIFY, DISTINCT ON
+# --------------------------------------------------------------------------------------------------
+
+
+def expand_named_windows(tree: exp.Expression) -> exp.Expression:
+    """``f() OVER w ... WINDOW w AS (PARTITION BY .. ORDER BY ..)`` → the definition inlined into each
+    ``OVER w`` (a reference's own ORDER BY / frame, ``OVER (w ORDER BY ...)``, wins over the definition's)."""
+    for select in list(tree.find_all(exp.Select)):
+        defs = {d.name.lower(): d for d in select.args.get("windows") or [] if isinstance(d.this, exp.Identifier)}
+        if not defs:
+            continue
+        for w in list(select.find_all(exp.Window)):
+            ref = w.args.get("alias")
+            if not isinstance(ref, exp.Identifier) or ref.name.lower() not in defs or w.parent is select and \
+                    w.arg_key == "windows":
+                continue
+            d = defs[ref.name.lower()]
+            w.set("alias", None)
+            for arg in ("partition_by", "order", "spec"):
+                if not w.args.get(arg) and d.args.get(arg):
+                    value = d.args[arg]
+                    w.set(arg, [v.copy() for v in value] if isinstance(value, list) else value.copy())
+        select.set("windows", None)
+    return tree
+
+
+def _output_ref(e: exp.Expression, selects: list[exp.Expression]) -> exp.Expression:
+    """An ORDER BY / DISTINCT ON item as an expression over the FROM clause: a bare name of an output
+    column, or its position, stands for the selected expression (SQL's rule for ORDER BY)."""
+    if isinstance(e, exp.Literal) and e.is_int:
+        i = int(e.name) - 1
+        if 0 <= i < len(selects):
+            s = selects[i]
+            return (s.this if isinstance(s, exp.Alias) else s).copy()
+    if isinstance(e, exp.Column) and not e.table:
+        for s in selects:
+            if isinstance(s, exp.Alias) and s.alias.lower() == e.name.lower():
+                return s.this.copy()
+    return e.copy()
+
+
+def _pop_tail(q: exp.Select) -> dict[str, exp.Expression | None]:
+    """Remove and return ORDER BY / LIMIT / OFFSET (they apply after a clause being wrapped away)."""
+    out = {k: q.args.get(k) for k in ("order", "limit", "offset")}
+    for k in out:
+        q.set(k, None)
+    return out
+
+
+def _replace(tree: exp.Expression, old: exp.Expression, new: exp.Expression) -> exp.Expression:
+    if old is tree:
+        return new
+    old.replace(new)
+    return tree
+
+
+def _named_selects(q: exp.Select) -> list[exp.Expression]:
+    """The select list with every item aliased (an unaliased column keeps its name)."""
+    out: list[exp.Expression] = []
+    taken = {s.alias_or_name.lower() for s in q.selects if s.alias_or_name}
+    for i, s in enumerate(q.selects):
+        if isinstance(s, exp.Alias):
+            out.append(s)
+            continue
+        name = s.name if isinstance(s, exp.Column) else ""
+        if not name:
+            name = f"_col{i}"
+            while name.lower() in taken:
+                name = "_" + name
+            taken.add(name.lower())
+        out.append(exp.alias_(s, name, quoted=isinstance(s, exp.Column) and bool(s.this.args.get("quoted"))))
+    return out
+
+
+def eliminate_distinct_on(tree: exp.Expression) -> exp.Expression:
+    """PostgreSQL's ``SELECT DISTINCT ON (e..) cols FROM .. ORDER BY k..`` → the first row of each group:
+
+        SELECT cols FROM (SELECT cols, ROW_NUMBER() OVER (PARTITION BY e.. ORDER BY k..) AS __trickle_rn
+                          FROM ..) __trickle_don WHERE __trickle_rn = 1
+
+    Names and positions of output columns in ``e``/``k`` stand for the selected expressions (PostgreSQL's
+    rule). Without ORDER BY the row kept is arbitrary in PostgreSQL; here ROW_NUMBER's tie-breaker picks one
+    deterministically. A LIMIT / OFFSET stays on the outer query, after the DISTINCT ON, ordered by the same
+    keys (carried out of the subquery as hidden columns). sqlglot's own transform drops the ORDER BY of a
+    LIMIT and keeps its window column under ``SELECT *``; hence this one."""
+    for q in reversed(list(tree.find_all(exp.Select, bfs=False))):
+        distinct = q.args.get("distinct")
+        on = distinct.args.get("on") if distinct is not None else None
+        if on is None:
+            continue
+        if any(s.is_star for s in q.selects):
+            raise QueryError("SELECT DISTINCT ON (...) * is not supported: list the selected columns")
+        selects = list(q.selects)
+        part = [_output_ref(e, selects) for e in (on.expressions if isinstance(on, exp.Tuple) else [on])]
+        inner = q.copy()
+        tail = _pop_tail(inner)
+        with_ = inner.args.get("with_") or inner.args.get("with")
+        inner.set("with_", None)
+        inner.set("with", None)
+        inner.set("distinct", None)
+        order = tail["order"]
+        keys = ([exp.Ordered(this=_output_ref(o.this, selects), desc=o.args.get("desc"),
+                             nulls_first=o.args.get("nulls_first")) for o in order.expressions]
+                if order is not None else [exp.Ordered(this=p.copy()) for p in part])
+        named = _named_selects(inner)
+        rn = "__trickle_rn"
+        window = exp.Window(this=exp.RowNumber(), partition_by=part, order=exp.Order(expressions=keys))
+        hidden = []
+        if tail["limit"] is not None or tail["offset"] is not None:
+            hidden = [exp.alias_(k.this.copy(), f"__trickle_ok{i}") for i, k in enumerate(keys)]
+        inner.set("expressions", named + [exp.alias_(window, rn)] + hidden)
+        outer = exp.select(*[exp.column(s.alias, quoted=bool(s.args["alias"].args.get("quoted"))) for s in named])
+        outer = outer.from_(inner.subquery("__trickle_don")).where(exp.column(rn).eq(1))
+        if hidden:
+            if order is not None:
+                outer.set("order", exp.Order(expressions=[
+                    exp.Ordered(this=exp.column(f"__trickle_ok{i}"), desc=k.args.get("desc"),
+                                nulls_first=k.args.get("nulls_first")) for i, k in enumerate(keys)]))
+            outer.set("limit", tail["limit"])
+            outer.set("offset", tail["offset"])
+        if with_ is not None:
+            outer.set("with_", with_)
+        tree = _replace(tree, q, outer)
+    return tree
+
+
+def eliminate_qualify(tree: exp.Expression) -> exp.Expression:
+    """``SELECT .. QUALIFY pred`` → ``SELECT .. FROM (SELECT .., windows of pred) WHERE pred`` (sqlglot's
+    transform), with ORDER BY / LIMIT / OFFSET moved to the outer query: they apply after QUALIFY, and
+    sqlglot would leave them inside. ``SELECT *`` with QUALIFY is refused (the window column would leak)."""
+    from sqlglot import transforms
+
+    for q in reversed(list(tree.find_all(exp.Select, bfs=False))):
+        if not q.args.get("qualify"):
+            continue
+        if any(s.is_star for s in q.selects):
+            raise QueryError("SELECT * with QUALIFY is not supported: list the selected columns")
+        inner = q.copy()
+        tail = _pop_tail(inner)
+        with_ = inner.args.get("with_") or inner.args.get("with")
+        inner.set("with_", None)
+        inner.set("with", None)
+        outer = transforms.eliminate_qualify(inner)
+        for k, v in tail.items():
+            if v is not None:
+                outer.set(k, v)
+        if with_ is not None:
+            outer.set("with_", with_)
+        tree = _replace(tree, q, outer)
+    return tree
+
+
+def check_limits(tree: exp.Expression) -> None:
+    """FETCH .. WITH TIES / PERCENT: Spark has neither, and sqlglot would silently drop them."""
+    for f in tree.find_all(exp.Fetch):
+        opts = f.args.get("limit_options")
+        if opts is not None and (opts.args.get("with_ties") or opts.args.get("percent")):
+            raise QueryError(f"{f.sql()} is not supported (Spark has no WITH TIES / PERCENT); use ORDER BY ... "
+                             "LIMIT n, or RANK() OVER (ORDER BY ...) <= n in an outer query to keep the ties")

@@ -432,7 +432,7 @@ class ChangeGenerator:
             return
         pick = max if self.rng.random() < 0.5 else min
         rid = pick(cands, key=lambda r: src.rows[r][i])
-        if self.rng.random() < 0.7:
+        if self.rng.random() < 0.7 or (src.spec.key and i == 0):  # a key column is never set to NULL
             self._delete(src, rid, batches[ex.table], touched[ex.table])
         else:
             row = list(src.rows[rid])
@@ -676,7 +676,7 @@ def run_oracle(
     spark: SparkSession,
     st: Any,
     sources_spec: Sequence[TableSpec],
-    queries: Mapping[str, str],
+    queries: Mapping[str, str | tuple[str, str]],
     cycles: int = 20,
     mode: str = "DIFFERENTIAL",
     seed: int = 1,
@@ -693,7 +693,12 @@ def run_oracle(
     history must show the cascaded refresh), the frontier of each base source (== its Delta version),
     and the contents. A failing stream table is reported and dropped from later cycles so the others
     keep being tested; all failures are raised together at the end, with the seed.
+
+    A query may be a pair (stream table query, oracle query): the oracle then runs the second, a Spark SQL
+    equivalent of syntax Spark itself lacks (PostgreSQL's DISTINCT ON).
     """
+    expected_queries = {n: q[1] if isinstance(q, tuple) else q for n, q in queries.items()}
+    queries = {n: q[0] if isinstance(q, tuple) else q for n, q in queries.items()}
     seed = oracle_seed(seed)
     gen = ChangeGenerator(spark, sources_spec, seed, churn=churn, extremes=extremes)
     suffix = gen.suffix
@@ -723,7 +728,7 @@ def run_oracle(
 
     create_map = {**gen.names, **st_real}
     oracle_map = {**gen.names, **oracle_view}
-    oracle_sql = {n: render(queries[n], oracle_map) for n in queries}
+    oracle_sql = {n: render(expected_queries[n], oracle_map) for n in queries}
     for n in order:  # the oracle of a downstream table reads the upstream's *query*, not its table
         spark.sql(f"CREATE OR REPLACE TEMP VIEW {oracle_view[n]} AS {oracle_sql[n]}")
 

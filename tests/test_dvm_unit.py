@@ -68,8 +68,10 @@ def test_only_used_columns_are_read_and_consolidated() -> None:
 @pytest.mark.parametrize(
     ("query", "construct"),
     [
-        ("SELECT id, ROW_NUMBER() OVER (ORDER BY id) AS rn FROM emp", "window function"),
         ("SELECT id FROM emp LIMIT 3", "LIMIT"),
+        ("SELECT id FROM emp UNION ALL SELECT id FROM dept LIMIT 3", "LIMIT"),
+        ("SELECT * FROM (SELECT id FROM emp LIMIT 3) t", "LIMIT"),
+        ("SELECT id FROM emp ORDER BY id LIMIT dept", "LIMIT"),
         ("SELECT id, rand() AS r FROM emp", "volatile function"),
         ("SELECT id, dept IN (SELECT id FROM dept) AS d FROM emp", "subquery predicate"),
         ("SELECT try_sum(sal) AS n FROM emp", "aggregate try_sum"),

@@ -88,13 +88,11 @@ def test_unknown_column_is_query_error(
     )
 
 
-#: Constructs that cannot be maintained differentially today. ROW_NUMBER moves to the oracle suite once
-#: window functions are maintained (partition recompute); LIMIT without ORDER BY and volatile functions
-#: stay rejected by design.
+#: Constructs that cannot be maintained differentially. LIMIT without ORDER BY and volatile functions stay
+#: rejected by design (window functions are maintained now: tests/test_oracle_windows.py).
 UNSUPPORTED = [
     ("SELECT id, val FROM {src} LIMIT 5", "LIMIT"),
     ("SELECT id, rand() AS r FROM {src}", "rand"),
-    ("SELECT id, ROW_NUMBER() OVER (PARTITION BY grp ORDER BY id) AS rn FROM {src}", "window"),
 ]
 
 

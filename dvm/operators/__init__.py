@@ -11,7 +11,9 @@ from dvm.operators.mark_join import Mark, MarkJoin
 from dvm.operators.project import Project
 from dvm.operators.scan import Scan
 from dvm.operators.semi_join import SemiJoin
+from dvm.operators.topk import TopK
 from dvm.operators.union_all import UnionAll
+from dvm.operators.window import Window
 
 __all__ = ["Node", "Scan", "Filter", "Project", "InnerJoin", "LeftJoin", "Aggregate", "AggCall", "UnionAll"]
-__all__ += ["FullJoin", "SemiJoin", "AntiJoin", "Mark", "MarkJoin"]
+__all__ += ["FullJoin", "SemiJoin", "AntiJoin", "Mark", "MarkJoin", "TopK", "Window"]

@@ -81,7 +81,8 @@ def normalize(tree: exp.Expression) -> exp.Expression:
             inner = n.this.this if isinstance(n.this, exp.Paren) else n.this
             if inner is not None and not isinstance(inner, (exp.Query, exp.Subquery)):
                 return exp.LogicalOr(this=inner)
-        if isinstance(n, (exp.IgnoreNulls, exp.RespectNulls)) and isinstance(n.this, _ORDER_FREE):
+        if (isinstance(n, (exp.IgnoreNulls, exp.RespectNulls)) and isinstance(n.this, _ORDER_FREE)
+                and not isinstance(n.parent, exp.Window)):  # a window's FIRST_VALUE(x) IGNORE NULLS keeps it
             return n.this
         if isinstance(n, exp.CountIf):
             return exp.Count(this=_when(n.this, exp.Literal.number(1)))
