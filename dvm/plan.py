@@ -116,6 +116,14 @@ class KeyedTop:
             return "algebraic, with a rescan of the groups a deletion leaves ambiguous (see each aggregate)"
         return "algebraic (state kept in hidden columns)"
 
+    def recompute(self) -> str | None:
+        """Why the top recomputes the groups a change touches: HAVING hides groups (no stored state), or a
+        call has no algebraic rule (family *group rescan*). MIN / MAX-like calls and the moment family
+        rescan a group only when a deletion leaves its value ambiguous: that stays a delta rule."""
+        if self.having is not None:
+            return self.strategy
+        return "; ".join(dict.fromkeys(a.rule() for a in self.agg.aggs if a.family == "group rescan")) or None
+
     def call_lines(self) -> list[str]:
         """One line per aggregate call for ``explain``: its strategy and state columns."""
         out = []
@@ -351,20 +359,27 @@ class Plan:
 
     # --- explain ---
 
+    def how(self, n: Node) -> tuple[str, str | None]:
+        """How one operator is maintained: its strategy and, when its delta rule recomputes part of its
+        output from snapshots, why (see :meth:`Node.recompute`)."""
+        if self.keyed is not None and n is self.keyed.agg:
+            return self.keyed.strategy, self.keyed.recompute()
+        return n.strategy(), n.recompute()
+
+    def recomputes(self) -> list[tuple[Node, str]]:
+        """The operators whose delta rule recomputes a scope (the groups, partitions or rows a change
+        touches), with why; empty when every operator derives its delta from the changes alone. A query
+        with any is *recompute-scoped* (still a DIFFERENTIAL refresh)."""
+        return [(n, r) for n in self.root.walk() if (r := self.how(n)[1])]
+
     def tree_text(self) -> str:
         lines: list[str] = []
-
-        def walk(n: Node, depth: int) -> None:
-            top = self.keyed is not None and n is self.keyed.agg
-            how = self.keyed.strategy if top and self.keyed is not None else n.strategy()
-            if n is self.topk:
-                how = "top of the stream table: TopK of the post snapshot merged against the stored rows"
-            lines.append("  " * depth + f"{n.label()}    -- {how}")
-            if top and self.keyed is not None:
-                lines.extend("  " * (depth + 1) + "· " + line for line in self.keyed.call_lines())
-            for c in n.children:
-                walk(c, depth + 1)
-
+        scoped = self.recomputes()
+        if scoped:
+            lines.append(f"[maintenance: DIFFERENTIAL, recompute-scoped: {len(scoped)} operator(s) recompute what "
+                         "a change touches (marked RECOMPUTE); the others apply delta rules]")
+        else:
+            lines.append("[maintenance: DIFFERENTIAL: every operator applies a delta rule to the changes]")
         if self.keyed is not None:
             lines.append(f"[top: keyed layout; {self.keyed.strategy}]")
         elif self.topk is not None:
@@ -372,5 +387,17 @@ class Plan:
                          "snapshot when a source changed and merges the difference with the stored rows]")
         else:
             lines.append("[top: bag layout; rows consolidated on all columns, duplicates in __mult]")
+
+        def walk(n: Node, depth: int) -> None:
+            top = self.keyed is not None and n is self.keyed.agg
+            how, recompute = self.how(n)
+            if n is self.topk:
+                how = "top of the stream table: TopK of the post snapshot merged against the stored rows"
+            lines.append("  " * depth + f"{n.label()}    -- {'RECOMPUTE: ' if recompute else ''}{how}")
+            if top and self.keyed is not None:
+                lines.extend("  " * (depth + 1) + "· " + line for line in self.keyed.call_lines())
+            for c in n.children:
+                walk(c, depth + 1)
+
         walk(self.root, 0)
         return "\n".join(lines)

@@ -28,10 +28,11 @@ class StreamTables:
     """Stream tables of one catalog.
 
     ``root`` is the catalog directory (default ``<warehouse>/_trickle``). ``strict=True`` makes every
-    refresh that would fall back from DIFFERENTIAL to FULL fail instead.
+    refresh that would fall back from DIFFERENTIAL to FULL fail instead, and AUTO refuse at create a query
+    it could only refresh FULL; ``None`` (default) takes the Spark conf ``trickle.refresh.strict``.
     """
 
-    def __init__(self, spark: Any, root: str | None = None, strict: bool = False) -> None:
+    def __init__(self, spark: Any, root: str | None = None, strict: bool | None = None) -> None:
         self.spark = spark
         self.catalog = Catalog(root or f"{_warehouse(spark)}/_trickle")
         self.refresher = Refresher(spark, self.catalog, strict=strict)
@@ -128,9 +129,12 @@ class StreamTables:
         except UnsupportedError as e:
             if mode in ("DIFFERENTIAL", "IMMEDIATE"):
                 raise UnsupportedError(e.construct, f"stream table {key}: {e} (refresh_mode={mode})") from None
+            if mode == "AUTO" and self.refresher.is_strict():
+                raise UnsupportedError(e.construct, f"stream table {key}: {e} (strict mode: AUTO would refresh "
+                                       "it FULL; use refresh_mode='FULL' to accept that)") from None
             draft.full_reason = str(e)
         except QueryError as e:
-            if mode in ("DIFFERENTIAL", "IMMEDIATE"):
+            if mode in ("DIFFERENTIAL", "IMMEDIATE") or (mode == "AUTO" and self.refresher.is_strict()):
                 raise UnsupportedError("query", f"stream table {key}: {e}") from None
             draft.full_reason = f"cannot build an operator tree: {e}"
         self.catalog.put(draft)
@@ -210,31 +214,48 @@ class StreamTables:
         return self.catalog.history(key, limit)
 
     def explain(self, name_or_query: str) -> str:
-        """The operator tree, how each operator is maintained, and the delta SQL — before anything runs."""
-        if self.catalog.exists(name_or_query.lower()) if " " not in name_or_query.strip() else False:
-            d = self.catalog.get(name_or_query.lower())
+        """How a stream table (by name) or a query would be maintained, before anything runs: the operator
+        tree, which operators apply a delta rule and which recompute what a change touches (and why), the
+        hidden columns and the delta SQL of a refresh. For a query the engine cannot differentiate: the
+        reason, and what each mode (and strict mode) does with it."""
+        text = name_or_query.strip()
+        schemas: dict[str, list[tuple[str, str]]] = {}
+        if " " not in text and self.catalog.exists(text.lower()):
+            d = self.catalog.get(text.lower())
+            header = [f"stream table: {d.name}", f"refresh_mode: {d.refresh_mode}"]
         else:
-            sources, schemas = {}, {}
-            for k in dvm.source_keys(name_or_query):
+            sources = {}
+            for k in dvm.source_keys(text):
                 sources[k], schemas[k] = self._resolve_source(k, "")
-            d = StreamTableDef("(query)", name_or_query, None, "AUTO", "<stream table>", sources,
-                               [], [], "bag")
+            d = StreamTableDef("(query)", text, None, "AUTO", "<stream table>", sources, [], [], "bag")
             try:
-                plan = dvm.compile_query(name_or_query, schemas)
+                plan = dvm.compile_query(text, schemas)
                 d.names = list(plan.names)
                 d.layout = plan.layout
-            except (UnsupportedError, QueryError) as e:
+            except UnsupportedError as e:
                 d.full_reason = str(e)
+            except QueryError as e:
+                d.full_reason = f"cannot build an operator tree: {e}"
             d.types = ["string"] * len(d.names)
-        lines = [f"stream table: {d.name}", f"refresh_mode: {d.refresh_mode}", f"query: {d.query.strip()}"]
+            header = ["query (not a stream table): as if created with refresh_mode AUTO"]
+        strict = self.refresher.is_strict()
+        lines = header + [f"strict mode: {'on' if strict else 'off'}", f"query: {d.query.strip()}"]
         if d.full_reason is not None:
-            lines += ["", f"NOT differentiable -> every refresh is FULL: {d.full_reason}"]
+            lines += ["", "maintenance: FULL only -- the engine cannot differentiate this query:",
+                      f"  {d.full_reason}",
+                      "  AUTO: every refresh is FULL, with this reason recorded in the refresh history"
+                      + ("; in strict mode (on) such a refresh fails instead" if strict
+                         else " (strict mode would fail such a refresh instead)"),
+                      "  DIFFERENTIAL / IMMEDIATE: refused at create; FULL: recomputes every refresh by choice"]
             return "\n".join(lines)
         plan = self.refresher.plan(d) if d.name != "(query)" else dvm.compile_query(d.query, schemas)
         assert plan is not None
         if d.name == "(query)":
             plan.names = d.names
-        lines += ["", "operator tree:", plan.tree_text()]
+        if d.refresh_mode == "FULL":
+            lines += ["", "refresh_mode FULL: every refresh recomputes; below is what AUTO / DIFFERENTIAL would do"]
+        lines += ["", "operator tree (each operator: how its delta is computed; RECOMPUTE: recomputes what a "
+                  "change touches, and why):", plan.tree_text()]
         if plan.notes:
             lines += ["", "notes:"] + [f"  - {n}" for n in plan.notes]
         lines += ["", "hidden columns: " + ", ".join(plan.hidden_columns())]

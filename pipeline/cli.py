@@ -97,6 +97,14 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         help="print machine-readable JSON instead of text tables",
     )
     parser.add_argument(
+        "--strict",
+        action="store_true",
+        default=default if suppress else None,
+        help="strict mode: a refresh that would fall back from DIFFERENTIAL to FULL fails instead, and "
+        "AUTO refuses at create a query it could only refresh FULL (default: the Spark conf "
+        "trickle.refresh.strict, false)",
+    )
+    parser.add_argument(
         "--log-level",
         metavar="LEVEL",
         default=default if suppress else "ERROR",
@@ -210,6 +218,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         app_name=f"trickle-{args.command}",
         log_level=args.log_level,
         register_sources=args.command in ("create", "explain", "run"),
+        strict=args.strict,
     )
     try:
         return handler(args, st, conf)
@@ -233,12 +242,13 @@ def _load_conf(path: str) -> TrickleConf:
 
 
 def _open(
-    warehouse: Path, conf: TrickleConf | None, app_name: str, log_level: str, register_sources: bool
+    warehouse: Path, conf: TrickleConf | None, app_name: str, log_level: str, register_sources: bool,
+    strict: bool | None = None,
 ) -> tuple[SparkSession, StreamTables]:
     """Start Spark (the slow part) and open the catalog rooted under the warehouse.
 
     ``register_sources``: also make the warehouse's plain Delta tables resolvable by name (needed by
-    commands that analyse a query: create, explain, run).
+    commands that analyse a query: create, explain, run). ``strict``: ``--strict`` (None: the Spark conf).
     """
     from pipeline.api import StreamTables
     from pipeline.session import spark_session
@@ -247,7 +257,7 @@ def _open(
         app_name=app_name, warehouse=warehouse, conf=conf.spark if conf else None, log_level=log_level
     )
     _quiet_query_context_loggers(log_level)
-    st = StreamTables(spark)
+    st = StreamTables(spark, strict=strict)
     if register_sources:
         register_warehouse_tables(spark, warehouse)
     return spark, st

@@ -50,6 +50,8 @@ class RefreshResult:
 
 #: Spark conf: differential refreshes over less data than this many bytes run interpreted (no codegen).
 INTERPRETED_BELOW = "trickle.refresh.interpretedBelowBytes"
+#: Spark conf: strict mode (``true``) when the API / CLI leave it unset; see :meth:`Refresher.is_strict`.
+STRICT = "trickle.refresh.strict"
 
 
 def _after_commit(name: str) -> None:
@@ -60,7 +62,7 @@ AfterCommit = Callable[[str], None]
 
 
 class Refresher:
-    def __init__(self, spark: Any, catalog: Catalog, strict: bool = False) -> None:
+    def __init__(self, spark: Any, catalog: Catalog, strict: bool | None = None) -> None:
         self.spark = spark
         self.catalog = catalog
         self.strict = strict
@@ -68,6 +70,16 @@ class Refresher:
         self.after_commit: AfterCommit = _after_commit
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+
+    def is_strict(self) -> bool:
+        """Strict mode: a refresh that would fall back from DIFFERENTIAL to FULL fails instead (and AUTO
+        refuses at create a query it could only refresh FULL). The constructor's flag when given, else the
+        Spark conf ``trickle.refresh.strict`` (read per refresh, so a conf file or ``spark-submit --conf``
+        turns it on). FULL by nature stays allowed: the initial population, REINITIALIZE, a source truncate,
+        and ``refresh_mode='FULL'``."""
+        if self.strict is not None:
+            return self.strict
+        return str(self.spark.conf.get(STRICT, "false")).strip().lower() == "true"
 
     def lock(self, name: str) -> threading.Lock:
         """One refresh at a time per stream table (manual calls, the scheduler and streaming batches)."""
@@ -213,8 +225,11 @@ class Refresher:
             try:
                 counts = self._differential(d, pre, post, record)  # type: ignore[arg-type]
             except Exception as e:  # noqa: BLE001 - decide below whether a FULL may replace it
-                if d.refresh_mode != "AUTO" or self.strict or not _is_change_feed_error(e):
+                if d.refresh_mode != "AUTO" or not _is_change_feed_error(e):
                     raise
+                if self.is_strict():
+                    raise RefreshError(f"stream table {d.name}: the change feed is unreadable for the window "
+                                       f"({_first_line(e)}); strict mode does not fall back to FULL") from e
                 action, reason = "FULL", f"change feed unreadable for the window ({_first_line(e)})"
                 record["action"] = action
                 counts = self._full(d, post, record)
@@ -242,8 +257,11 @@ class Refresher:
                     # source is cheaper than differentiating it, and it re-bases every hidden state
                     return "FULL", f"source {key} was truncated (version {v})"
         if d.full_reason is not None:
-            if self.strict or d.refresh_mode in ("DIFFERENTIAL", "IMMEDIATE"):
+            if d.refresh_mode in ("DIFFERENTIAL", "IMMEDIATE"):
                 raise RefreshError(f"stream table {d.name} cannot be refreshed differentially: {d.full_reason}")
+            if self.is_strict():
+                raise RefreshError(f"stream table {d.name} cannot be refreshed differentially: {d.full_reason} "
+                                   "(strict mode: no fallback to FULL; use refresh_mode='FULL' to recompute it)")
             return "FULL", f"query not differentiable: {d.full_reason}"
         return "DIFFERENTIAL", "source changes applied as a delta"
 

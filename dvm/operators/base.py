@@ -13,11 +13,14 @@ Internal column names are unique across the whole tree, so SQL can reference the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from dvm.context import Context, State, quote
 
 W = "__w"
+
+_RECOMPUTE_WORDS = re.compile(r"\b(recomput|rescan)", re.IGNORECASE)
 
 
 class Node:
@@ -37,6 +40,15 @@ class Node:
     def strategy(self) -> str:
         """How the delta is computed, for ``explain`` (e.g. 'incremental', 'group rescan')."""
         return "incremental"
+
+    def recompute(self) -> str | None:
+        """Why this operator's delta rule recomputes part of its output from snapshots (the groups,
+        partitions or rows a change touches) instead of deriving it from the changes alone; None for a
+        pure delta rule. ``explain`` marks such operators, and the coverage table calls a query that has
+        one *recompute-scoped* (tests/coverage_table.py). By default read off :meth:`strategy`: a
+        strategy that says it recomputes or rescans is one; override where the wording would mislead."""
+        s = self.strategy()
+        return s if _RECOMPUTE_WORDS.search(s) else None
 
     def sources(self) -> set[str]:
         out: set[str] = set()

@@ -93,7 +93,7 @@ class MarkJoin(Node):
         return inputs.wrap(self._marked(inputs, affected_rows(inputs, "left", others), None, ""))
 
     def strategy(self) -> str:
-        return "incremental (marks of left rows touched by ΔL or matching a ΔR_i recomputed on both snapshots)"
+        return "incremental (marks of left rows touched by ΔL or matching a ΔR_i re-checked on both snapshots)"
 
     def label(self) -> str:
         return "MarkJoin " + "; ".join(f"{m.name} = EXISTS partner ON {m.on_sql()}" for m in self.marks)
