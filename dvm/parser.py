@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import OptimizeError, ParseError
+from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 
 import dvm.operators.aggregates as aggregates
@@ -24,7 +25,9 @@ from dvm.operators import (
     AntiJoin,
     Filter,
     FullJoin,
+    Generate,
     InnerJoin,
+    LateralJoin,
     LeftJoin,
     Mark,
     MarkJoin,
@@ -36,15 +39,23 @@ from dvm.operators import (
     UnionAll,
     Window,
 )
+from dvm.operators.lateral import LEFT, InnerSource
 from dvm.operators.window import owning_window
 
-#: functions whose value changes between evaluations: a delta computed with them would not add up
+#: functions whose value changes between evaluations (or depends on how the data is split into files and
+#: partitions): a delta computed with them would not add up, and a recompute would not reproduce what is stored
 VOLATILE = {
-    "rand", "random", "randn", "uuid", "shuffle", "current_timestamp", "now", "current_date",
-    "curdate", "localtimestamp", "unix_timestamp", "monotonically_increasing_id", "spark_partition_id",
-    "input_file_name", "current_time", "try_reflect", "reflect", "java_method", "randstr", "uniform",
+    "rand", "random", "randn", "uuid", "shuffle", "randstr", "uniform", "monotonically_increasing_id",
+    "spark_partition_id", "input_file_name", "input_file_block_start", "input_file_block_length", "reflect",
+    "java_method", "try_reflect",
 }
-VOLATILE_EXP = (exp.Rand, exp.Randn, exp.CurrentTimestamp, exp.CurrentDate, exp.Uuid)
+VOLATILE_EXP = (exp.Rand, exp.Randn, exp.Uuid, exp.Shuffle, exp.Randstr, exp.Uniform)
+#: the clock: fixed within one refresh (Spark evaluates it once per query) but different at every refresh,
+#: so rows computed by earlier refreshes would keep an old value while new rows get a new one
+CLOCK = {"current_timestamp", "now", "current_date", "curdate", "localtimestamp", "current_time"}
+CLOCK_EXP = (exp.CurrentTimestamp, exp.CurrentDate, exp.Localtimestamp, exp.CurrentTime, exp.CurrentDatetime)
+#: written without parentheses these parse as columns; they are the clock unless a source has such a column
+CLOCK_KEYWORDS = {"localtimestamp", "current_time"}
 
 #: aggregate functions maintained differentially (sqlglot node -> canonical name); see dvm.operators.aggregates
 AGG_FUNCS: dict[type[exp.Expression], str] = aggregates.FUNCTIONS
@@ -94,24 +105,173 @@ def source_keys(sql: str, dialect: str = "spark") -> list[str]:
     return list(seen)
 
 
-def reject_unsupported(tree: exp.Expression) -> None:
-    """Fail on constructs the operator tree cannot maintain, naming them and saying what to do."""
+def function_name(node: exp.Expression) -> str:
+    """The SQL name of a function call, lower case (``explode_outer``, ``rand``, ``json_tuple``)."""
+    if isinstance(node, exp.Anonymous):
+        return node.name.lower()
+    return node.sql_name().lower() if isinstance(node, exp.Func) else ""
+
+
+#: table-generating functions Spark accepts in a SELECT list or a LATERAL VIEW (typed sqlglot nodes: Explode
+#: and its subclasses posexplode / explode_outer / posexplode_outer, Inline, Stack)
+GENERATORS = {"explode", "explode_outer", "posexplode", "posexplode_outer", "inline", "inline_outer", "stack",
+              "json_tuple"}
+
+
+def unalias(e: exp.Expression) -> exp.Expression:
+    return e.this if isinstance(e, (exp.Alias, exp.Aliases)) else e
+
+
+def is_generator(e: exp.Expression) -> bool:
+    return isinstance(e, (exp.Explode, exp.Inline, exp.Stack)) or (
+        isinstance(e, exp.Anonymous) and e.name.lower() in GENERATORS)
+
+
+def generator_defaults(g: exp.Expression) -> list[str] | None:
+    """The column names Spark gives a generator's output (which fixes its arity), from the argument's type
+    (annotated by :func:`compile_tree`); None when the type is unknown."""
+    name = function_name(g)
+    args = [g.this] if g.this is not None and isinstance(g.this, exp.Expression) else []
+    args += list(g.expressions)
+    if name == "stack":
+        if isinstance(g.this, exp.Literal) and not g.this.is_string:
+            n = int(g.this.name)
+            return [f"col{i}" for i in range((len(g.expressions) + n - 1) // n)] if n > 0 else None
+        return None
+    if name == "json_tuple":
+        return [f"c{i}" for i in range(len(args) - 1)] if len(args) > 1 else None
+    if not args or args[0].type is None:
+        return None
+    ty = args[0].type
+    if name.startswith("inline"):
+        inner = ty.expressions[0] if ty.is_type(exp.DataType.Type.ARRAY) and ty.expressions else None
+        if inner is None or not inner.is_type(exp.DataType.Type.STRUCT):
+            return None
+        return [f.name for f in inner.expressions]
+    if ty.is_type(exp.DataType.Type.ARRAY):
+        cols = ["col"]
+    elif ty.is_type(exp.DataType.Type.MAP):
+        cols = ["key", "value"]
+    else:
+        return None
+    return (["pos"] + cols) if name.startswith("posexplode") else cols
+
+
+def tie_break(q: exp.Expression) -> None:
+    """``ORDER BY ... LIMIT`` keeps arbitrary rows among ties: order ties by the select list too, so the rows
+    kept are a function of the input (rows equal on the sort keys and on every output column are
+    interchangeable). A lateral subquery is recomputed per left row on both snapshots, and the rows taken
+    back must be the rows stored."""
+    order = q.args.get("order")
+    if order is None or (q.args.get("limit") is None and q.args.get("offset") is None):
+        return
+    if isinstance(q, exp.Select):
+        extra = [unalias(e).copy() for e in q.expressions if not isinstance(unalias(e), exp.Star)]
+    else:  # a set operation orders by its output names (those of its first branch)
+        first = q
+        while isinstance(first, exp.SetOperation):
+            first = first.this
+        extra = [exp.column(e.alias_or_name, quoted=True) for e in first.expressions]
+    order.set("expressions", list(order.expressions) + [exp.Ordered(this=e, nulls_first=True) for e in extra])
+
+
+def lateral_bodies(tree: exp.Expression) -> set[int]:
+    """ids of the nodes inside LATERAL subqueries: Spark evaluates those wholesale (per left row, see
+    :mod:`dvm.operators.lateral`), so only the safety checks apply to them."""
+    return {id(n) for lat in tree.find_all(exp.Lateral) if isinstance(lat.this, exp.Subquery)
+            for n in lat.this.walk()}
+
+
+def _in_lateral_body(holder: exp.Expression | None) -> bool:
+    """``holder`` is the query directly inside ``LATERAL ( ... )``."""
+    parent = holder.parent if holder is not None else None
+    return isinstance(parent, exp.Subquery) and isinstance(parent.parent, exp.Lateral)
+
+
+def reject_unsafe(node: exp.Expression) -> None:
+    """Constructs no refresh can keep equal to the query, wherever they stand: random or clock-dependent
+    functions, TABLESAMPLE, LIMIT / OFFSET without ORDER BY (arbitrary rows)."""
+    if isinstance(node, VOLATILE_EXP) or (isinstance(node, exp.Func) and function_name(node) in VOLATILE):
+        name = node.sql("spark").split("(")[0].lower()
+        raise UnsupportedError("volatile function", f"non-deterministic function {name}() gives a "
+                               "different value at every evaluation, so its deltas do not add up; "
+                               "compute it in the source table, or use refresh_mode='FULL'")
+    if isinstance(node, CLOCK_EXP) or (isinstance(node, exp.Func) and function_name(node) in CLOCK):
+        name = node.sql("spark").split("(")[0].lower()
+        raise UnsupportedError("volatile function", f"{name}() is fixed within one refresh but differs between "
+                               "refreshes, so rows computed by earlier refreshes would keep their old value "
+                               "(and nothing is recomputed while the sources do not change); store the time in "
+                               "the source table or compare with a literal, or use refresh_mode='FULL' (it is "
+                               "then evaluated at each refresh that has source changes)")
+    if isinstance(node, exp.TableSample):
+        raise UnsupportedError("TABLESAMPLE", "TABLESAMPLE draws a different random sample at every read, so "
+                               "a stream table cannot be kept equal to its query; for a stable sample filter "
+                               "on a hash of a key instead, e.g. WHERE pmod(xxhash64(id), 100) < 10 for about "
+                               "10 percent, or use refresh_mode='FULL'")
+    if isinstance(node, (exp.Limit, exp.Offset, exp.Fetch)) and (
+        node.parent is None or node.parent.args.get("order") is None
+    ):
+        what = "OFFSET" if isinstance(node, exp.Offset) else "LIMIT"
+        raise UnsupportedError("LIMIT", f"{what} without ORDER BY keeps arbitrary rows, which differ from one "
+                               "evaluation to the next, so a stream table cannot be kept equal to its query; "
+                               "for a top-k add an ORDER BY on columns that make the order total (a unique "
+                               f"key last), e.g. ORDER BY score DESC, id {what} n; or drop the {what}, or use "
+                               "refresh_mode='FULL' (some n rows, chosen anew at each refresh)")
+
+
+#: aggregates whose value depends on the order Spark reads rows in (array_sort(collect_list(x)) does not)
+ORDER_DEPENDENT = (exp.ArrayAgg, exp.ArrayUniqueAgg, exp.First, exp.Last, exp.AnyValue, exp.FirstValue,
+                   exp.LastValue, exp.GroupConcat, exp.ArgMax, exp.ArgMin, exp.Mode)
+
+
+def reject_order_dependent(node: exp.Expression) -> None:
+    """Inside a LATERAL subquery, which Spark evaluates as written: a left row's rows are recomputed on
+    both snapshots at every change that reaches it, and the rows taken back must be the rows stored, so
+    whatever depends on the order rows are read in is refused (ORDER BY ... LIMIT gets a tie-break)."""
+    if isinstance(node, (exp.Limit, exp.Offset)) and not _in_lateral_body(node.parent):
+        raise UnsupportedError("LIMIT", "ORDER BY ... LIMIT is maintained inside a LATERAL subquery only at "
+                               "its top level (a top-k per left row); use refresh_mode='FULL' or AUTO")
+    if isinstance(node, exp.Window):
+        raise UnsupportedError("window function", "window functions inside a LATERAL subquery are not "
+                               "maintained (ties make their result depend on the read order); use ORDER BY ... "
+                               "LIMIT in the subquery, or refresh_mode='FULL' or AUTO")
+    sorted_list = isinstance(node, (exp.ArrayAgg, exp.ArrayUniqueAgg)) and isinstance(node.parent, exp.ArraySort)
+    deterministic_mode = isinstance(node, exp.Mode) and any(
+        isinstance(a, exp.Boolean) and a.this is True for a in node.iter_expressions())
+    if isinstance(node, ORDER_DEPENDENT) and not sorted_list and not deterministic_mode:
+        name = node.sql("spark").split("(")[0].lower()
+        raise UnsupportedError("order-dependent aggregate", f"{name}() inside a LATERAL subquery depends on the "
+                               "order Spark reads rows in, and a left row's result is recomputed whenever a "
+                               "change reaches it, so it could differ from the stored one; use "
+                               "array_sort(collect_list(...)), MIN / MAX, mode(x, true), or refresh_mode='FULL'")
+
+
+def reject_unsupported(tree: exp.Expression, columns: set[str] | None = None) -> None:
+    """Fail on constructs the operator tree cannot maintain, naming them and saying what to do.
+
+    ``columns``: the (lower case) column names of every source, to tell the clock keywords written without
+    parentheses (``localtimestamp``) from columns of that name."""
+    in_lateral = lateral_bodies(tree)
     for node in tree.walk():
+        reject_unsafe(node)
+        if (isinstance(node, exp.Column) and not node.table and node.name.lower() in CLOCK_KEYWORDS
+                and node.name.lower() not in (columns or set())):
+            reject_unsafe(exp.Anonymous(this=node.name))
+        if id(node) in in_lateral:
+            reject_order_dependent(node)
+            continue
         if isinstance(node, exp.Window):
             check_window_position(node)
-        if isinstance(node, (exp.Limit, exp.Offset, exp.Fetch)) and not (
-            node.parent is not None and node.parent.args.get("order")
-        ):
-            raise UnsupportedError("LIMIT", f"{node.sql('spark')} without ORDER BY keeps arbitrary rows, so a "
-                                   "stream table cannot be kept equal to its query; add ORDER BY with a unique "
-                                   "key (e.g. ORDER BY amount DESC, id LIMIT 10) to keep the top rows instead, or use "
-                                   "refresh_mode='FULL'")
-        if isinstance(node, exp.TableSample):
-            raise UnsupportedError("TABLESAMPLE", "TABLESAMPLE is random, so a stream table cannot be kept "
-                                   "equal to its query; sample the source into a table instead")
-        if isinstance(node, (exp.Lateral, exp.Unnest, exp.Explode)):
-            raise UnsupportedError("LATERAL", "LATERAL / explode is not maintained differentially yet; use "
-                                   "refresh_mode='FULL' or AUTO")
+        if isinstance(node, exp.Unnest):
+            raise UnsupportedError("UNNEST", "UNNEST is not Spark SQL; use LATERAL VIEW explode(...) t AS x")
+        if isinstance(node, exp.Lateral):
+            join = node.parent
+            side = (join.side or "").upper() if isinstance(join, exp.Join) else ""
+            kind = (join.kind or "").upper() if isinstance(join, exp.Join) else ""
+            if not node.args.get("view") and (not isinstance(join, exp.Join) or side in ("RIGHT", "FULL")
+                                              or kind in ("SEMI", "ANTI")):
+                raise UnsupportedError("LATERAL", "a LATERAL item is maintained after a FROM item, joined with "
+                                       "a comma, [CROSS] JOIN or LEFT JOIN; use refresh_mode='FULL' or AUTO")
         if isinstance(node, (exp.Intersect, exp.Except)):
             raise UnsupportedError(node.key.upper(), f"{node.key.upper()} is not maintained differentially "
                                    "yet; use refresh_mode='FULL' or AUTO")
@@ -129,7 +289,7 @@ def reject_unsupported(tree: exp.Expression) -> None:
                                        "move it there or use refresh_mode='FULL' or AUTO")
         if isinstance(node, exp.Subquery) and not isinstance(
             node.parent, (exp.From, exp.Join, exp.In, exp.Exists, exp.Any, exp.All, exp.SetOperation,
-                          exp.Subquery, exp.CTE)
+                          exp.Subquery, exp.CTE, exp.Lateral)
         ) and node.parent is not None:
             raise UnsupportedError("scalar subquery", f"scalar subquery {node.sql('spark')[:80]} is not "
                                    "maintained differentially yet; join the subquery in FROM instead (e.g. "
@@ -137,13 +297,6 @@ def reject_unsupported(tree: exp.Expression) -> None:
                                    "refresh_mode='FULL' or AUTO")
         if isinstance(node, exp.Group):
             aggregates.grouping_sets(node)  # refuses more than MAX_GROUPING_SETS branches
-        if isinstance(node, VOLATILE_EXP) or (
-            isinstance(node, exp.Func) and node.name.lower() in VOLATILE
-        ):
-            name = node.sql("spark").split("(")[0]
-            raise UnsupportedError("volatile function", f"non-deterministic function {name}() gives a "
-                                   "different value at every evaluation, so its deltas do not add up; "
-                                   "compute it in the source table, or use refresh_mode='FULL'")
         if owning_window(node) is not None:
             continue  # evaluated by its window (partition recompute): any deterministic function works
         if (isinstance(node, exp.AggFunc) and type(node) not in AGG_FUNCS
@@ -342,6 +495,8 @@ class _Builder:
             raise UnsupportedError("SELECT without FROM", "a defining query needs at least one source table")
         node, env = self.from_item(from_.this, ctes, used)
         node, env = self.joins(node, env, q.args.get("joins") or [], ctes, used)
+        for lat in q.args.get("laterals") or []:  # LATERAL VIEW: after the FROM clause, before WHERE
+            node, env = self.lateral_view(node, env, lat)
         where = q.args.get("where")
         if where is not None:
             node = self.where(node, where.this, env, ctes)
@@ -360,11 +515,25 @@ class _Builder:
             if having is not None:
                 raise QueryError("HAVING without GROUP BY or aggregate")
 
-            def tr(e: exp.Expression) -> exp.Expression:
-                return self.translate(e, env)
+            def tr(x: exp.Expression) -> exp.Expression:
+                return self.translate(x, env)
 
-        items = [(self.fresh(), tr(e.this if isinstance(e, exp.Alias) else e)) for e in selects]
-        names = [e.alias_or_name for e in selects]
+        gens = [e for e in selects if is_generator(unalias(e))]
+        if len(gens) > 1:
+            raise QueryError(f"only one generator is allowed per SELECT, found {len(gens)}: "
+                             f"{', '.join(g.sql('spark')[:40] for g in gens)}")
+        items: list[tuple[str, exp.Expression]] = []
+        names: list[str] = []
+        for e in selects:
+            if gens and e is gens[0]:  # a generator in the SELECT list: Generate below the projection
+                gen_names = self.generator_names(e)
+                out = [self.fresh() for _ in gen_names]
+                node = Generate(node, tr(unalias(e)), False, out)
+                items += [(self.fresh(), exp.column(o, quoted=True)) for o in out]
+                names += gen_names
+            else:
+                items.append((self.fresh(), tr(unalias(e))))
+                names.append(e.alias_or_name)
         distinct = bool(q.args.get("distinct"))
         keys = self.order_keys(q, items, names, tr, distinct) if bounds is not None else []
         node, items = self.windows(node, items)
@@ -379,6 +548,153 @@ class _Builder:
                 node = Project(node, [(c, exp.column(c, quoted=True)) for c in node.cols[:len(names)]])
         return node, names
 
+    # --- generators and LATERAL ---
+
+    def generator_names(self, e: exp.Expression) -> list[str]:
+        """The output names of a generator in the SELECT list: its ``AS (a, b)`` aliases, or the names Spark
+        gives (``col``, ``pos``, ``key``/``value``, struct fields, ...), which fix its arity."""
+        if isinstance(e, exp.Aliases):
+            return [x.name for x in e.expressions]
+        defaults = generator_defaults(unalias(e))
+        if defaults is None:
+            raise UnsupportedError("generator", f"cannot tell how many columns {e.sql('spark')[:60]} returns; "
+                                   "name them, e.g. posexplode(arr) AS (pos, x), or use LATERAL VIEW ... t AS "
+                                   "pos, x")
+        if isinstance(e, exp.Alias) and len(defaults) == 1:
+            return [e.alias]
+        return defaults
+
+    def lateral_view(self, node: Node, env: dict[tuple[str, str], str], lat: exp.Lateral
+                     ) -> tuple[Node, dict[tuple[str, str], str]]:
+        """``LATERAL VIEW [OUTER] f(...) t AS c1, c2``: Generate over the FROM clause's rows."""
+        alias = lat.args.get("alias")
+        cols = [c.name for c in alias.columns] if alias is not None else []
+        if not cols:
+            raise UnsupportedError("LATERAL VIEW", f"name the columns of {lat.sql('spark')[:60]}: LATERAL VIEW "
+                                   "explode(arr) t AS x (posexplode: AS pos, x); the defaults depend on types "
+                                   "the query does not show")
+        out = [self.fresh() for _ in cols]
+        node = Generate(node, self.translate(lat.this, env), bool(lat.args.get("outer")), out)
+        table = alias.name.lower() if alias is not None else ""
+        return node, {**env, **{(table, c.lower()): o for c, o in zip(cols, out, strict=True)}}
+
+    def lateral_join(self, node: Node, env: dict[tuple[str, str], str], join: exp.Join,
+                     ctes: dict[str, exp.Expression]) -> tuple[Node, dict[tuple[str, str], str]]:
+        """``L [CROSS | LEFT] JOIN LATERAL item [ON θ]`` (``L, LATERAL item`` too): a LateralJoin whose item
+        references L's columns through ``__l`` (see :mod:`dvm.operators.lateral`)."""
+        lat = join.this
+        assert isinstance(lat, exp.Lateral)
+        alias = lat.args.get("alias")
+        table = alias.name.lower() if alias is not None else ""
+        names = [c.name for c in alias.columns] if alias is not None else []
+        item = lat.this.copy()
+        if isinstance(item, exp.Subquery):
+            body = item.this
+            first = body
+            while isinstance(first, exp.SetOperation):
+                first = first.this
+            if not names:
+                names = [e.alias_or_name for e in first.expressions] if isinstance(first, exp.Select) else []
+            if not names:
+                raise UnsupportedError("LATERAL", "name the columns of the LATERAL subquery: LATERAL (...) AS "
+                                       "t(a, b)")
+            item.set("alias", None)
+            self.inline_ctes(item, ctes)
+            tie_break(body)
+        elif isinstance(item, exp.Func):
+            if not names:
+                raise UnsupportedError("LATERAL", f"name the columns of {lat.sql('spark')[:60]}: LATERAL "
+                                       "explode(arr) AS t(x)")
+        else:
+            raise UnsupportedError("LATERAL", f"LATERAL {item.sql('spark')[:60]} is not supported; use a "
+                                   "subquery or a table function")
+        inner = self.inner_sources(item, env)
+        item = self.outer_refs(item, env)
+        out = [self.fresh() for _ in names]
+        renv = {**env, **{(table, n.lower()): o for n, o in zip(names, out, strict=True)}}
+        on = join.args.get("on")
+        cond = None if on is None or (isinstance(on, exp.Boolean) and on.this is True) else self.translate(on, renv)
+        kind = "LEFT" if (join.side or "").upper() == "LEFT" else ("INNER" if cond is not None else "CROSS")
+        return LateralJoin(node, item, out, kind, cond, inner), renv
+
+    def inline_ctes(self, item: exp.Expression, ctes: dict[str, exp.Expression]) -> None:
+        """References to the query's CTEs inside a LATERAL item become derived tables (the item is rendered
+        as SQL of its own, outside the WITH clause)."""
+        local = {c.alias_or_name.lower() for c in item.find_all(exp.CTE)}
+        for _ in range(32):
+            refs = [t for t in item.find_all(exp.Table) if not t.db and t.name.lower() in ctes
+                    and t.name.lower() not in local and t.name.lower() not in self.keys]
+            if not refs:
+                return
+            for t in refs:
+                alias = exp.TableAlias(this=exp.to_identifier(t.alias_or_name))
+                t.replace(exp.Subquery(this=ctes[t.name.lower()].copy(), alias=alias))
+        raise QueryError("CTEs nested too deeply inside a LATERAL subquery")
+
+    def inner_sources(self, item: exp.Expression, env: dict[tuple[str, str], str]) -> list[InnerSource]:
+        """Every source the LATERAL item reads, replaced in ``item`` by a mark, with the condition a changed
+        row must meet to reach a left row (see :mod:`dvm.operators.lateral`)."""
+        outer = {t for t, _ in env}
+        local = rewrite.local_aliases(item)
+        top = item.this if isinstance(item, exp.Subquery) else None
+        direct: set[int] = set()
+        conjs: list[exp.Expression] = []
+        if isinstance(top, exp.Select):
+            joins = top.args.get("joins") or []
+            if all((j.side or "") == "" and (j.kind or "").upper() in ("", "INNER", "CROSS") and
+                   not isinstance(j.this, exp.Lateral) for j in joins):
+                from_ = top.args.get("from_") or top.args.get("from")
+                direct = {id(x) for x in [from_.this if from_ else None] + [j.this for j in joins]
+                          if isinstance(x, exp.Table)}
+                where = top.args.get("where")
+                conjs = rewrite.conjuncts(where.this) if where is not None else []
+                conjs += [c for j in joins if j.args.get("on") is not None for c in rewrite.conjuncts(j.args["on"])]
+        conjs = [c for c in conjs if not any(True for _ in c.find_all(exp.Query, exp.Subquery))]
+        out: list[InnerSource] = []
+        for t in list(item.find_all(exp.Table)):
+            name = t.name.lower()
+            if name not in self.keys:
+                if not t.db and name not in {c.alias_or_name.lower() for c in item.find_all(exp.CTE)}:
+                    raise QueryError(f"unknown table {t.sql('spark')} in a LATERAL item")
+                continue
+            key = self.keys[name]
+            alias = t.alias_or_name.lower()
+            refs = {c.name.lower() for c in item.find_all(exp.Column) if (c.table or '').lower() == alias}
+            columns = [(c, self.fresh()) for c, _ in self.schemas[key] if c.lower() in refs]
+            scan = Scan(key, columns, self.fresh())
+            filt = None
+            if id(t) in direct:
+                senv = {**{k: v for k, v in env.items() if k[0] not in local},
+                        **{(alias, c.lower()): i for c, i in columns}}
+
+                def reaches(c: exp.Expression, alias: str = alias) -> bool:
+                    cols = list(c.find_all(exp.Column))
+                    return bool(cols) and all(
+                        x.table and (x.table.lower() == alias or x.table.lower() in outer - local) for x in cols)
+
+                mine = [c for c in conjs if reaches(c)]
+                filt = self.translate(exp.and_(*mine), senv) if mine else None
+            mark = f"__trickle_lat_{self.fresh()}__"
+            t.set("this", exp.to_identifier(mark))
+            if not t.alias:
+                t.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+            out.append(InnerSource(scan, mark, filt))
+        return out
+
+    def outer_refs(self, item: exp.Expression, env: dict[tuple[str, str], str]) -> exp.Expression:
+        """The item with every reference to a column of the left input rewritten to ``__l.<internal>``."""
+        local = rewrite.local_aliases(item)
+
+        def fix(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.Column) and n.table and n.table.lower() not in local:
+                key = (n.table.lower(), n.name.lower())
+                if key not in env:
+                    raise QueryError(f"unknown column {n.sql('spark')}")
+                return exp.column(env[key], table=LEFT, quoted=True)
+            return n
+
+        return item.transform(fix, copy=False)
+
     def _right_join(self, left: Node, right: Node, cond: exp.Expression | None) -> Node:
         """A RIGHT join is a LEFT join with the sides swapped, projected back into the written order."""
         swapped = LeftJoin(right, left, cond)
@@ -391,6 +707,9 @@ class _Builder:
               ) -> tuple[Node, dict[tuple[str, str], str]]:
         """Fold ``joins`` (left to right, as SQL nests them) onto ``node``."""
         for join in joins:
+            if isinstance(join.this, exp.Lateral):
+                node, env = self.lateral_join(node, env, join, ctes)
+                continue
             right, renv = self.from_item(join.this, ctes, used)
             env = {**env, **renv}
             on = join.args.get("on")
@@ -599,6 +918,10 @@ class _Builder:
         for n in self.scope_nodes(q):
             if isinstance(n, exp.Column) and n.table:
                 out.setdefault(n.table.lower(), []).append(n.name)
+        for j in q.args.get("joins") or []:  # references of LATERAL items to the left input
+            for n in j.this.find_all(exp.Column) if isinstance(j.this, exp.Lateral) else []:
+                if n.table:
+                    out.setdefault(n.table.lower(), []).append(n.name)
         where = q.args.get("where")
         for n in where.find_all(exp.Column) if where is not None else []:  # correlated references too
             if n.table:
@@ -729,7 +1052,7 @@ def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect
     tree = window_rewrites(tree)
     tables = source_tables(tree)
     aggregates.normalize(tree)  # FILTER, every/some/std, COUNT_IF, ...: see dvm.operators.aggregates.rewrite
-    reject_unsupported(tree)
+    reject_unsupported(tree, {c.lower() for cols in schemas.values() for c, _ in cols})
     # give every source a flat placeholder name so sqlglot's schema lookup is unambiguous
     keys: dict[str, str] = {}
     placeholder_of: dict[str, str] = {}
@@ -751,6 +1074,12 @@ def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect
     except OptimizeError as e:
         raise QueryError(str(e)) from None
     rewrite.fix_merged_join_keys(qualified)
+    if any(is_generator(unalias(e)) and not isinstance(e, exp.Aliases)
+           for sel in qualified.find_all(exp.Select) for e in sel.expressions):
+        try:  # a generator's arity comes from its argument's type (see generator_defaults)
+            annotate_types(qualified, schema=schema, dialect="spark")
+        except Exception:  # noqa: BLE001 - unknown types leave the arity unknown: generator_names says so
+            pass
     builder = _Builder(keys, schemas)
     root, names = builder.query(qualified, {})
     return root, names, builder.notes

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from typing import Any
 
 import dvm
+import dvm.views
 from connectors.delta_log import DeltaLog
 from dvm.context import quote
 from pipeline.catalog import Catalog, SourceInfo, StreamTableDef, validate_mode, validate_name
@@ -81,6 +83,63 @@ class StreamTables:
         schema = self.spark.table(key).schema
         return SourceInfo(location, "delta"), [(f.name, f.dataType.simpleString()) for f in schema.fields]
 
+    # --- views ---
+
+    def _view(self, name: str) -> dvm.views.ViewDef | None:
+        """The view ``name`` as the Spark catalog describes it, or None when ``name`` is not a view."""
+        try:
+            if not self.spark.catalog.tableExists(name):
+                return None
+            table = self.spark.catalog.getTable(name)
+        except Exception:  # noqa: BLE001 - not a name the catalog can look up: not a view
+            return None
+        if not table.isTemporary and (table.tableType or "").upper() != "VIEW":
+            return None
+        doc = json.loads(self.spark.sql(f"DESCRIBE TABLE EXTENDED {name} AS JSON").collect()[0][0])
+        text = doc.get("view_text")
+        if not text:
+            raise SourceError(f"source {name} is a temporary view made from a DataFrame: it has no SQL text, so "
+                              "it cannot be maintained over its base tables; create it with CREATE TEMPORARY "
+                              "VIEW ... AS SELECT, or write the DataFrame to a Delta table (Change Data Feed on) "
+                              "and read that")
+        columns = [c["name"] for c in doc.get("columns") or []]
+        return dvm.views.ViewDef(name, text, columns, {
+            "namespace": doc.get("view_catalog_and_namespace"), "temporary": bool(table.isTemporary)})
+
+    def _inline_views(self, query: str) -> tuple[str, list[str]]:
+        """``query`` with the views it reads (nested ones too) inlined; see :mod:`dvm.views`."""
+        catalog = (self.spark.catalog.currentCatalog() or "").lower()
+        database = (self.spark.catalog.currentDatabase() or "").lower()
+
+        def short(parts: list[str]) -> str:
+            """A name inside a view, qualified by the view's namespace, as short as it stays unambiguous
+            (stream tables are known by their bare name)."""
+            if len(parts) == 3 and parts[0] == catalog:
+                parts = parts[1:]
+            if len(parts) == 2 and parts[0] == database:
+                parts = parts[1:]
+            return ".".join(parts)
+
+        def resolve(name: str, inside: dvm.views.ViewDef | None) -> str | dvm.views.ViewDef:
+            full = name
+            if inside is not None and "." not in name:
+                temp_ref = bool(inside.context.get("temporary")) and self._is_temp_view(name)
+                namespace = str(inside.context.get("namespace") or "")
+                if not temp_ref and namespace:
+                    full = f"{namespace}.{name}".lower()
+            view = self._view(full)
+            if view is not None:
+                return view
+            return name if inside is None else short(full.split("."))
+
+        return dvm.views.inline_views(query, resolve)
+
+    def _is_temp_view(self, name: str) -> bool:
+        try:
+            return bool(self.spark.catalog.tableExists(name) and self.spark.catalog.getTable(name).isTemporary)
+        except Exception:  # noqa: BLE001
+            return False
+
     # --- API ---
 
     def create_stream_table(self, name: str, query: str, schedule: str | None = "1m",
@@ -101,15 +160,17 @@ class StreamTables:
         sources: dict[str, SourceInfo] = {}
         schemas: dict[str, list[tuple[str, str]]] = {}
         try:
-            keys = dvm.source_keys(query)
-        except QueryError as e:
-            raise QueryError(f"stream table {key}: {e}") from None
+            maintained, views = self._inline_views(query)
+            keys = dvm.source_keys(maintained)
+        except (QueryError, SourceError) as e:
+            raise type(e)(f"stream table {key}: {e}") from None
         for src_key in keys:
             sources[src_key], schemas[src_key] = self._resolve_source(src_key, key)
         path = self.catalog.table_path(key)
         latest = {k: DeltaLog(self.spark, s.path).latest_version() or 0 for k, s in sources.items()}
-        draft = StreamTableDef(key, query, schedule, mode, path, sources, [], [], "bag")
-        pinned = dvm.parser.pin_sources(query, self.refresher.from_items(draft, latest))
+        draft = StreamTableDef(key, query, schedule, mode, path, sources, [], [], "bag",
+                               inlined_query=maintained if views else None, views=views)
+        pinned = dvm.parser.pin_sources(maintained, self.refresher.from_items(draft, latest))
         try:
             schema = self.spark.sql(pinned).schema
         except Exception as e:  # AnalysisException and friends: unknown column, type errors
@@ -124,7 +185,7 @@ class StreamTables:
         draft.names = names
         draft.types = [f.dataType.simpleString() for f in schema.fields]
         try:
-            plan = dvm.compile_query(query, schemas)
+            plan = dvm.compile_query(maintained, schemas)
             draft.layout = plan.layout
         except UnsupportedError as e:
             if mode in ("DIFFERENTIAL", "IMMEDIATE"):
@@ -224,12 +285,14 @@ class StreamTables:
             d = self.catalog.get(text.lower())
             header = [f"stream table: {d.name}", f"refresh_mode: {d.refresh_mode}"]
         else:
-            sources = {}
-            for k in dvm.source_keys(text):
+            sources, schemas = {}, {}
+            maintained, views = self._inline_views(text)
+            for k in dvm.source_keys(maintained):
                 sources[k], schemas[k] = self._resolve_source(k, "")
-            d = StreamTableDef("(query)", text, None, "AUTO", "<stream table>", sources, [], [], "bag")
+            d = StreamTableDef("(query)", text, None, "AUTO", "<stream table>", sources,
+                               [], [], "bag", inlined_query=maintained if views else None, views=views)
             try:
-                plan = dvm.compile_query(text, schemas)
+                plan = dvm.compile_query(maintained, schemas)
                 d.names = list(plan.names)
                 d.layout = plan.layout
             except UnsupportedError as e:
@@ -240,6 +303,8 @@ class StreamTables:
             header = ["query (not a stream table): as if created with refresh_mode AUTO"]
         strict = self.refresher.is_strict()
         lines = header + [f"strict mode: {'on' if strict else 'off'}", f"query: {d.query.strip()}"]
+        if d.views:
+            lines += [f"views inlined: {', '.join(d.views)}", f"maintained query: {d.maintained_query}"]
         if d.full_reason is not None:
             lines += ["", "maintenance: FULL only -- the engine cannot differentiate this query:",
                       f"  {d.full_reason}",
@@ -248,7 +313,7 @@ class StreamTables:
                          else " (strict mode would fail such a refresh instead)"),
                       "  DIFFERENTIAL / IMMEDIATE: refused at create; FULL: recomputes every refresh by choice"]
             return "\n".join(lines)
-        plan = self.refresher.plan(d) if d.name != "(query)" else dvm.compile_query(d.query, schemas)
+        plan = self.refresher.plan(d) if d.name != "(query)" else dvm.compile_query(d.maintained_query, schemas)
         assert plan is not None
         if d.name == "(query)":
             plan.names = d.names

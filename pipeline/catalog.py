@@ -65,6 +65,15 @@ class StreamTableDef:
     last_refresh_id: str | None = None
     last_refresh_at: float | None = None
     last_action: str | None = None
+    #: ``query`` with the views it reads inlined (None: it reads no view); what the engine maintains
+    inlined_query: str | None = None
+    #: the views inlined, outermost first (their definitions are captured at create)
+    views: list[str] = field(default_factory=list)
+
+    @property
+    def maintained_query(self) -> str:
+        """The query the engine compiles and runs: over base tables and stream tables only."""
+        return self.inlined_query or self.query
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, indent=1)

@@ -90,13 +90,13 @@ class Refresher:
 
     def plan(self, d: StreamTableDef) -> dvm.Plan | None:
         """The compiled query, or None when it can only be refreshed FULL."""
-        key = (d.name, d.query)
+        key = (d.name, d.maintained_query)
         if key not in self._plans:
             if d.full_reason is not None:
                 self._plans[key] = None
             else:
                 schemas = self.source_schemas(d)
-                plan = dvm.compile_query(d.query, schemas, d.dialect)
+                plan = dvm.compile_query(d.maintained_query, schemas, d.dialect)
                 plan.names = list(d.names)
                 self._plans[key] = plan
         return self._plans[key]
@@ -307,7 +307,7 @@ class Refresher:
         ctx = self.context(d, None, post)
         if plan is not None:
             return plan.full_sql(ctx, d.types)
-        pinned = dvm.parser.pin_sources(d.query, self.from_items(d, post), d.dialect)
+        pinned = dvm.parser.pin_sources(d.maintained_query, self.from_items(d, post), d.dialect)
         return bag_rows_sql(pinned, d.names, d.types, None)
 
     def from_items(self, d: StreamTableDef, post: dict[str, int]) -> dict[str, str]:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql import DataFrame, SparkSession
 
-Kind = Literal["int", "string", "double", "jkey"]
+Kind = Literal["int", "string", "double", "jkey", "array"]
 Row = tuple[Any, ...]
 
 #: Small string pool: duplicates and equal values across tables happen often; "" is not NULL.
@@ -67,6 +67,10 @@ def sql_literal(value: Any, sql_type: str | None = None) -> str:
         return "TRUE" if value else "FALSE"
     if isinstance(value, float):
         return f"CAST('{value!r}' AS {sql_type or 'DOUBLE'})"
+    if isinstance(value, tuple):  # an ARRAY value (tuples keep model rows hashable)
+        inner = sql_type[6:-1] if sql_type and sql_type.upper().startswith("ARRAY<") else None
+        body = f"array({', '.join(sql_literal(v, inner) for v in value)})"
+        return f"CAST({body} AS {sql_type})" if sql_type else body
     return f"CAST({value} AS {sql_type})" if sql_type else str(value)
 
 
@@ -86,7 +90,9 @@ def values_sql(rows: Sequence[Row], columns: Sequence[tuple[str, str]]) -> str:
 
 @dataclass(frozen=True)
 class Col:
-    """One value column. ``jkey`` is an int join key drawn from a small domain so that joins match."""
+    """One value column. ``jkey`` is an int join key drawn from a small domain so that joins match.
+    ``array`` is an ARRAY<INT> of 0 to 3 elements drawn from ``domain`` (default 0..5), elements NULL at
+    times, the array itself NULL like any nullable value; in model rows it is a tuple."""
 
     name: str
     kind: Kind = "int"
@@ -94,13 +100,16 @@ class Col:
     domain: tuple[int, int] | None = None  # inclusive range for int / jkey
 
     def sql_type(self) -> str:
-        return {"int": "INT", "jkey": "INT", "double": "DOUBLE", "string": "STRING"}[self.kind]
+        return {"int": "INT", "jkey": "INT", "double": "DOUBLE", "string": "STRING", "array": "ARRAY<INT>"}[self.kind]
 
     def random_value(self, rng: random.Random, null_p: float) -> Any:
         if self.nullable and rng.random() < null_p:
             return None
         if self.kind == "string":
             return rng.choice(STRINGS)
+        if self.kind == "array":
+            lo, hi = self.domain or (0, 5)
+            return tuple(None if rng.random() < 0.2 else rng.randint(lo, hi) for _ in range(rng.randint(0, 3)))
         if self.kind == "double":
             lo, hi = self.domain or (-50, 150)
             return round(rng.uniform(lo, hi), 2)
@@ -684,6 +693,7 @@ def run_oracle(
     extremes: Sequence[Extreme] = (),
     empty_cycle: int | None = 2,
     max_extra_cycles: int = 8,
+    views: Mapping[str, str] | None = None,
 ) -> dict[str, Counter[str]]:
     """Create sources and stream tables, then change/refresh/compare until every table saw ``cycles``
     DIFFERENTIAL refreshes (or ``cycles + max_extra_cycles`` cycles ran).
@@ -696,6 +706,10 @@ def run_oracle(
 
     A query may be a pair (stream table query, oracle query): the oracle then runs the second, a Spark SQL
     equivalent of syntax Spark itself lacks (PostgreSQL's DISTINCT ON).
+
+    ``views`` (name -> ``CREATE [TEMPORARY] VIEW {name} AS ...`` over ``{source}`` and earlier ``{view}``
+    placeholders) are created, in order, after the sources; queries read them as ``{name}``, and a query
+    reading a view depends on the view's sources (the stream table maintains it over them).
     """
     expected_queries = {n: q[1] if isinstance(q, tuple) else q for n, q in queries.items()}
     queries = {n: q[0] if isinstance(q, tuple) else q for n, q in queries.items()}
@@ -705,17 +719,27 @@ def run_oracle(
     gen.create()
     st_real = {n: f"{n}_{suffix}" for n in queries}
     oracle_view = {n: f"_oracle_q_{n}_{suffix}" for n in queries}
+    views = dict(views or {})
+    view_real = {v: f"{v}_{suffix}" for v in views}
+    view_bases: dict[str, set[str]] = {}
+    for v, ddl in views.items():
+        refs = set(_PH.findall(ddl)) - {v}
+        unknown = refs - set(gen.sources) - set(view_bases)
+        if unknown:
+            raise KeyError(f"view {v} names unknown placeholders {sorted(unknown)} (views come in order)")
+        view_bases[v] = (refs & set(gen.sources)).union(*(view_bases[u] for u in refs & set(view_bases)))
+        spark.sql(render(ddl, {**gen.names, **view_real}))
 
     # dependency bookkeeping: direct base sources, direct upstream stream tables, all base sources
     deps: dict[str, set[str]] = {}
     bases: dict[str, set[str]] = {}
     for n, q in queries.items():
         refs = set(_PH.findall(q))
-        unknown = refs - set(queries) - set(gen.sources)
+        unknown = refs - set(queries) - set(gen.sources) - set(views)
         if unknown:
             raise KeyError(f"query {n} names unknown placeholders {sorted(unknown)}")
         deps[n] = refs & set(queries)
-        bases[n] = refs & set(gen.sources)
+        bases[n] = (refs & set(gen.sources)).union(*(view_bases[v] for v in refs & set(views)))
     order: list[str] = []  # topological: upstream first
     while len(order) < len(queries):
         ready = [n for n in queries if n not in order and deps[n] <= set(order)]
@@ -726,8 +750,8 @@ def run_oracle(
     def all_bases(n: str) -> set[str]:
         return bases[n].union(*(all_bases(u) for u in deps[n])) if deps[n] else set(bases[n])
 
-    create_map = {**gen.names, **st_real}
-    oracle_map = {**gen.names, **oracle_view}
+    create_map = {**gen.names, **view_real, **st_real}
+    oracle_map = {**gen.names, **view_real, **oracle_view}
     oracle_sql = {n: render(expected_queries[n], oracle_map) for n in queries}
     for n in order:  # the oracle of a downstream table reads the upstream's *query*, not its table
         spark.sql(f"CREATE OR REPLACE TEMP VIEW {oracle_view[n]} AS {oracle_sql[n]}")

@@ -22,7 +22,7 @@ from pipeline.refresh import STRICT
 
 COLUMNS = "id INT, grp INT, val INT, name STRING"
 ROWS = [(1, 1, 5, "a"), (2, 1, 7, "b"), (3, 2, None, "c"), (4, 3, 2, None)]
-WINDOW = "SELECT id, ROW_NUMBER() OVER (PARTITION BY grp ORDER BY id) AS rn FROM {src}"
+UNSUPPORTED = "SELECT id, uuid() AS tag FROM {src}"  # never differentiable: a new value at every evaluation
 
 
 def test_tree_text_marks_recomputing_operators_with_their_reason() -> None:
@@ -66,8 +66,8 @@ def test_explain_of_an_unsupported_query_gives_the_reason_and_the_fallback(
     spark: Any, st: Any, make_source: Callable[..., str]
 ) -> None:
     src = make_source("exu", COLUMNS, rows=ROWS)
-    text = st.explain(WINDOW.format(src=src))
-    for needle in ("FULL only", "window function", "AUTO: every refresh is FULL", "strict mode would fail",
+    text = st.explain(UNSUPPORTED.format(src=src))
+    for needle in ("FULL only", "uuid", "AUTO: every refresh is FULL", "strict mode would fail",
                    "DIFFERENTIAL / IMMEDIATE: refused at create"):
         assert needle in text, f"{needle!r} missing from explain:\n{text}"
     assert "delta SQL" not in text
@@ -81,15 +81,15 @@ def test_strict_refresh_fails_with_the_reason_instead_of_falling_back(
     on where the API leaves it unset; a strict create refuses such a query outright."""
     src = make_source("strict", COLUMNS, rows=ROWS)
     name = unique_name("strict")
-    st.create_stream_table(name, WINDOW.format(src=src), refresh_mode="AUTO")  # initial population: FULL
+    st.create_stream_table(name, UNSUPPORTED.format(src=src), refresh_mode="AUTO")  # initial population: FULL
     spark.sql(f"INSERT INTO {src} VALUES (5, 1, 9, 'e')")
     strict = StreamTables(spark, root=str(st.catalog.root), strict=True)
     with pytest.raises(RefreshError) as info:
         strict.refresh_stream_table(name)
     msg = str(info.value)
-    assert "window function" in msg and "strict mode" in msg and "FULL" in msg, msg
+    assert "uuid" in msg and "strict mode" in msg and "FULL" in msg, msg
     last = strict.history(name, limit=1)[0]
-    assert last["status"] == "ERROR" and "window function" in last["error"], last
+    assert last["status"] == "ERROR" and "uuid" in last["error"], last
     assert st.read(name).count() == len(ROWS), "a failed strict refresh changed the table"
 
     # strict=None (the default) follows the Spark conf
@@ -99,12 +99,12 @@ def test_strict_refresh_fails_with_the_reason_instead_of_falling_back(
             StreamTables(spark, root=str(st.catalog.root)).refresh_stream_table(name)
         with pytest.raises(UnsupportedError, match="strict mode: AUTO would refresh it FULL"):
             StreamTables(spark, root=str(st.catalog.root)).create_stream_table(
-                unique_name("strict_create"), WINDOW.format(src=src), refresh_mode="AUTO")
+                unique_name("strict_create"), UNSUPPORTED.format(src=src), refresh_mode="AUTO")
     finally:
         spark.conf.unset(STRICT)
     # without strict mode the same refresh falls back, with the reason recorded
     r = st.refresh_stream_table(name)
-    assert r.action == "FULL" and "window function" in r.reason, (r.action, r.reason)
+    assert r.action == "FULL" and "uuid" in r.reason, (r.action, r.reason)
 
 
 def test_cli_strict_flag_before_or_after_the_command() -> None:
