@@ -35,12 +35,15 @@ from dvm.operators import (
     Project,
     Scan,
     SemiJoin,
+    SetOp,
     TopK,
     UnionAll,
     Window,
 )
+from dvm.operators.cte import CteRef, SharedCte, finalize_ctes
 from dvm.operators.lateral import LEFT, InnerSource
 from dvm.operators.window import owning_window
+from dvm.rewrites import scalar_subquery
 
 #: functions whose value changes between evaluations (or depends on how the data is split into files and
 #: partitions): a delta computed with them would not add up, and a recompute would not reproduce what is stored
@@ -272,9 +275,6 @@ def reject_unsupported(tree: exp.Expression, columns: set[str] | None = None) ->
                                               or kind in ("SEMI", "ANTI")):
                 raise UnsupportedError("LATERAL", "a LATERAL item is maintained after a FROM item, joined with "
                                        "a comma, [CROSS] JOIN or LEFT JOIN; use refresh_mode='FULL' or AUTO")
-        if isinstance(node, (exp.Intersect, exp.Except)):
-            raise UnsupportedError(node.key.upper(), f"{node.key.upper()} is not maintained differentially "
-                                   "yet; use refresh_mode='FULL' or AUTO")
         if isinstance(node, exp.With) and node.args.get("recursive"):
             raise UnsupportedError("WITH RECURSIVE", "WITH RECURSIVE is not maintained differentially yet; "
                                    "use refresh_mode='FULL' or AUTO")
@@ -287,14 +287,6 @@ def reject_unsupported(tree: exp.Expression, columns: set[str] | None = None) ->
                                        "maintained differentially only in a WHERE clause, combined with AND / "
                                        "OR / NOT (not in SELECT, ON, HAVING or inside other expressions); "
                                        "move it there or use refresh_mode='FULL' or AUTO")
-        if isinstance(node, exp.Subquery) and not isinstance(
-            node.parent, (exp.From, exp.Join, exp.In, exp.Exists, exp.Any, exp.All, exp.SetOperation,
-                          exp.Subquery, exp.CTE, exp.Lateral)
-        ) and node.parent is not None:
-            raise UnsupportedError("scalar subquery", f"scalar subquery {node.sql('spark')[:80]} is not "
-                                   "maintained differentially yet; join the subquery in FROM instead (e.g. "
-                                   "CROSS JOIN (SELECT ... ) for an uncorrelated one) or use "
-                                   "refresh_mode='FULL' or AUTO")
         if isinstance(node, exp.Group):
             aggregates.grouping_sets(node)  # refuses more than MAX_GROUPING_SETS branches
         if owning_window(node) is not None:
@@ -370,6 +362,7 @@ class _Builder:
         self.counter = 0
         self.notes: list[str] = []
         self.types: dict[str, str] = {}  # internal column -> source type, where known (tie-breakers skip maps)
+        self.shared: dict[int, SharedCte] = {}  # id of a CTE's body AST -> its subtree, built once
 
     def fresh(self) -> str:
         self.counter += 1
@@ -381,21 +374,29 @@ class _Builder:
         """Build ``q``; return its node and its output names (positional to ``node.cols``)."""
         if isinstance(q, exp.Subquery):
             return self.query(q.this, ctes)
-        if isinstance(q, exp.Union):
-            return self.union(q, ctes)
+        if isinstance(q, exp.SetOperation):
+            return self.set_operation(q, ctes)
         if isinstance(q, exp.Select):
             return self.select(q, ctes)
         raise UnsupportedError(q.key, f"{q.key.upper()} is not supported in a defining query")
 
-    def union(self, q: exp.Union, ctes: dict[str, exp.Expression]) -> tuple[Node, list[str]]:
+    def set_operation(self, q: exp.SetOperation, ctes: dict[str, exp.Expression]) -> tuple[Node, list[str]]:
+        """UNION [ALL] (UNION ALL, under a DISTINCT aggregate unless ALL), INTERSECT [ALL], EXCEPT / MINUS
+        [ALL] (:mod:`~dvm.operators.set_op`). sqlglot nests them as SQL does (INTERSECT binds tighter)."""
         ctes = self.with_ctes(q, ctes)
         left, names = self.query(q.this, ctes)
-        right, rnames = self.query(q.expression, ctes)
+        right, _ = self.query(q.expression, ctes)
         if len(left.cols) != len(right.cols):
-            raise QueryError(f"UNION branches have {len(left.cols)} and {len(right.cols)} columns")
-        node: Node = UnionAll([left, right], [self.fresh() for _ in left.cols])
-        if q.args.get("distinct"):
-            node = Aggregate(node, [(self.fresh(), exp.column(c, quoted=True)) for c in node.cols], [])
+            raise QueryError(f"{q.key.upper()} branches have {len(left.cols)} and {len(right.cols)} columns")
+        distinct = bool(q.args.get("distinct"))
+        out = [self.fresh() for _ in left.cols]
+        node: Node
+        if not isinstance(q, exp.Union):
+            node = SetOp(left, right, q.key.lower(), not distinct, out)
+        else:
+            node = UnionAll([left, right], out)
+            if distinct:
+                node = Aggregate(node, [(self.fresh(), exp.column(c, quoted=True)) for c in node.cols], [])
         bounds = limit_of(q)
         if bounds is not None:
             keys = []
@@ -406,7 +407,7 @@ class _Builder:
                 if isinstance(k, exp.Literal) and k.is_int and 0 < int(k.name) <= len(names):
                     idx = int(k.name) - 1
                 if idx is None:
-                    raise UnsupportedError("ORDER BY", f"ORDER BY {k.sql('spark')} of a UNION must name an output "
+                    raise UnsupportedError("ORDER BY", f"ORDER BY {k.sql('spark')} of a {q.key.upper()} must name an output "
                                            "column (or its position)")
                 keys.append(self._ordered(o, node.cols[idx]))
             node = TopK(node, keys, bounds[0], bounds[1], self.tie_cols(node))
@@ -874,8 +875,8 @@ class _Builder:
                 scan = Scan(key, columns, self.fresh())
                 return scan, {(alias, c.lower()): i for c, i in columns}
             if not item.db and name in ctes:
-                node, names = self.query(ctes[name], ctes)
-                return node, {(alias, n.lower()): c for n, c in zip(names, node.cols, strict=True)}
+                ref = self.cte_ref(name, ctes)
+                return ref, {(alias, n.lower()): c for n, c in zip(ref.shared.names, ref.cols, strict=True)}
             raise QueryError(f"unknown table {item.sql('spark')}")
         if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Table) and item.this.args.get("joins"):
             # a parenthesised join, ``a FULL JOIN (b LEFT JOIN c ON ...) ON ...``: same scope, nested tree
@@ -887,6 +888,16 @@ class _Builder:
             node, names = self.query(item.this, ctes)
             return node, {(alias, n.lower()): c for n, c in zip(names, node.cols, strict=True)}
         raise UnsupportedError(item.key, f"{item.sql('spark')[:60]} is not supported in FROM yet")
+
+    def cte_ref(self, name: str, ctes: dict[str, exp.Expression]) -> CteRef:
+        """A reference to the CTE ``name``: its body is built once, at the first reference, and shared by
+        every reference (:mod:`~dvm.operators.cte`)."""
+        body = ctes[name]
+        shared = self.shared.get(id(body))
+        if shared is None:
+            node, names = self.query(body, ctes)
+            shared = self.shared[id(body)] = SharedCte(name, node, names)
+        return CteRef(shared, [self.fresh() for _ in shared.node.cols])
 
     @staticmethod
     def scope_nodes(q: exp.Select):
@@ -902,7 +913,7 @@ class _Builder:
             n = stack.pop()
             if not isinstance(n, exp.Expression):
                 continue
-            if isinstance(n, (exp.Select, exp.Union)) or (
+            if isinstance(n, (exp.Select, exp.SetOperation)) or (
                 isinstance(n, exp.Subquery) and not isinstance(n.this, exp.Table)  # a parenthesised join is in scope
             ):
                 continue
@@ -1053,6 +1064,7 @@ def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect
     tables = source_tables(tree)
     aggregates.normalize(tree)  # FILTER, every/some/std, COUNT_IF, ...: see dvm.operators.aggregates.rewrite
     reject_unsupported(tree, {c.lower() for cols in schemas.values() for c, _ in cols})
+    scalar_subquery.remember_sql(tree)
     # give every source a flat placeholder name so sqlglot's schema lookup is unambiguous
     keys: dict[str, str] = {}
     placeholder_of: dict[str, str] = {}
@@ -1080,8 +1092,10 @@ def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect
             annotate_types(qualified, schema=schema, dialect="spark")
         except Exception:  # noqa: BLE001 - unknown types leave the arity unknown: generator_names says so
             pass
+    scalar_subquery.decorrelate(qualified)  # scalar subqueries -> joins (refuses what it cannot maintain)
     builder = _Builder(keys, schemas)
     root, names = builder.query(qualified, {})
+    finalize_ctes(root)
     return root, names, builder.notes
 
 

@@ -26,6 +26,7 @@ from dvm.context import Context, quote
 from dvm.operators import Aggregate, Filter, Node, Project, TopK
 from dvm.operators.aggregate import Branch, key_match
 from dvm.operators.base import W, col_list, union_all
+from dvm.operators.cte import with_shared
 
 ROW_ID = "__row_id"
 MULT = "__mult"
@@ -228,6 +229,9 @@ class Plan:
 
     def full_sql(self, ctx: Context, types: list[str]) -> str:
         """Every stored row (user and hidden columns) of the stream table at the post frontier."""
+        return with_shared(self._full_sql(ctx, types), self.root, ctx)
+
+    def _full_sql(self, ctx: Context, types: list[str]) -> str:
         if self.keyed is None:
             cast = ", ".join(f"CAST({quote(i)} AS {ty}) AS {quote(n)}"
                              for i, n, ty in zip(self.root.cols, self.names, types, strict=True))
@@ -242,6 +246,10 @@ class Plan:
 
     def merge_source_sql(self, ctx: Context, types: list[str]) -> str | None:
         """Rows to MERGE into the stream table on ``__row_id``; None when provably nothing changed."""
+        sql = self._merge_source_sql(ctx, types)
+        return None if sql is None else with_shared(sql, self.root, ctx)
+
+    def _merge_source_sql(self, ctx: Context, types: list[str]) -> str | None:
         if self.keyed is None:
             cast = ", ".join(f"CAST({quote(i)} AS {ty}) AS {quote(n)}"
                              for i, n, ty in zip(self.root.cols, self.names, types, strict=True))

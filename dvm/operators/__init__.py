@@ -13,9 +13,11 @@ from dvm.operators.mark_join import Mark, MarkJoin
 from dvm.operators.project import Project
 from dvm.operators.scan import Scan
 from dvm.operators.semi_join import SemiJoin
+from dvm.operators.set_op import SetOp
 from dvm.operators.topk import TopK
 from dvm.operators.union_all import UnionAll
 from dvm.operators.window import Window
 
 __all__ = ["Node", "Scan", "Filter", "Project", "InnerJoin", "LeftJoin", "Aggregate", "AggCall", "UnionAll"]
-__all__ += ["FullJoin", "SemiJoin", "AntiJoin", "Mark", "MarkJoin", "TopK", "Window", "Generate", "LateralJoin"]
+__all__ += ["FullJoin", "SemiJoin", "AntiJoin", "Mark", "MarkJoin", "TopK", "Window", "Generate", "LateralJoin",
+           "SetOp"]

@@ -4,7 +4,9 @@ Delta rules.
 
 * Nested inside a larger query (no stored state to lean on) — *group rescan*: the groups touched by the
   child's delta are recomputed from both snapshots and subtracted,
-  Δγ = γ(σ_G child_post) − γ(σ_G child_pre),  G = group keys occurring in Δchild.
+  Δγ = γ(σ_G child_post) − γ(σ_G child_pre),  G = group keys occurring in Δchild,
+  netted per output row, so a group whose values did not change drops out (a scalar subquery's global
+  aggregate that kept its value changes nothing above it).
   A global aggregate (no GROUP BY) always has exactly one group. Any deterministic aggregate function
   works here, since Spark evaluates it on both snapshots.
 * At the top of a stream table the group's state is stored in hidden columns of the stream table, and each
@@ -33,7 +35,7 @@ from sqlglot import exp
 
 from dvm.context import Context, State, quote
 from dvm.operators.aggregates import AggCall, share_states
-from dvm.operators.base import Node, null_safe_match, union_all
+from dvm.operators.base import Node, consolidate, null_safe_match, union_all
 
 #: one branch of an aggregate: (grouping-set ordinal or None for a plain GROUP BY, indexes of its groups)
 Branch = tuple[int | None, tuple[int, ...]]
@@ -147,7 +149,11 @@ class Aggregate(Node):
                 # only when something changed; the single group always exists on both sides
                 part = f"SELECT * FROM ({part}) WHERE EXISTS ({keys})"
             parts.append(f"SELECT *, CAST({sign} AS BIGINT) AS __w FROM ({part})")
-        return union_all(parts)
+        out = union_all(parts)
+        assert out is not None
+        # netted: a group whose value did not change (a MAX that kept its maximum, the one row of a global
+        # aggregate under a scalar subquery) leaves nothing for the operators above to redo
+        return consolidate(out, self.cols) if self.cols else out
 
     def strategy(self) -> str:
         return "group rescan of affected groups (nested aggregate)"
