@@ -17,6 +17,7 @@ from sqlglot.optimizer.qualify import qualify
 
 import dvm.operators.aggregates as aggregates
 from dvm import rewrite
+from dvm.context import quote
 from dvm.errors import QueryError, UnsupportedError
 from dvm.operators import (
     AggCall,
@@ -30,10 +31,12 @@ from dvm.operators import (
     MarkJoin,
     Node,
     Project,
+    RecursiveCte,
     Scan,
     SemiJoin,
     UnionAll,
 )
+from dvm.operators.recursive import analyze_step
 
 #: functions whose value changes between evaluations: a delta computed with them would not add up
 VOLATILE = {
@@ -90,27 +93,52 @@ def source_keys(sql: str, dialect: str = "spark") -> list[str]:
     return list(seen)
 
 
+def is_recursive_cte(cte: exp.CTE) -> bool:
+    """A CTE of a ``WITH RECURSIVE`` list whose body reads its own name (the list may hold plain CTEs)."""
+    w = cte.parent
+    if not isinstance(w, exp.With) or not w.args.get("recursive"):
+        return False
+    name = cte.alias_or_name.lower()
+    return any(t.name.lower() == name and not t.db for t in cte.this.find_all(exp.Table))
+
+
+def _reject_always(node: exp.Expression) -> None:
+    """Constructs refused everywhere, recursive CTE bodies included: their value is not a function of the
+    sources' snapshots, so no delta of them adds up."""
+    if isinstance(node, (exp.Limit, exp.Offset, exp.Fetch)):
+        raise UnsupportedError("LIMIT", "LIMIT/OFFSET cannot be maintained differentially (TopK is not "
+                               "supported yet); drop the LIMIT or use refresh_mode='FULL'")
+    if isinstance(node, exp.TableSample):
+        raise UnsupportedError("TABLESAMPLE", "TABLESAMPLE is random, so a stream table cannot be kept "
+                               "equal to its query; sample the source into a table instead")
+    if isinstance(node, VOLATILE_EXP) or (isinstance(node, exp.Func) and node.name.lower() in VOLATILE):
+        name = node.sql("spark").split("(")[0]
+        raise UnsupportedError("volatile function", f"non-deterministic function {name}() gives a "
+                               "different value at every evaluation, so its deltas do not add up; "
+                               "compute it in the source table, or use refresh_mode='FULL'")
+
+
 def reject_unsupported(tree: exp.Expression) -> None:
-    """Fail on constructs the operator tree cannot maintain, naming them and saying what to do."""
+    """Fail on constructs the operator tree cannot maintain, naming them and saying what to do.
+
+    The body of a recursive CTE is not built into operators (Spark evaluates it, see
+    :mod:`dvm.operators.recursive`): only :func:`_reject_always` applies inside it; its anchor is checked
+    again when it is built."""
+    inside = {id(n) for cte in tree.find_all(exp.CTE) if is_recursive_cte(cte) for n in cte.this.walk()}
     for node in tree.walk():
+        if id(node) in inside:
+            _reject_always(node)
+            continue
         if isinstance(node, exp.Window):
             raise UnsupportedError("window function", f"window functions ({node.sql('spark')}) are not "
                                    "maintained differentially yet; use refresh_mode='FULL' or AUTO")
-        if isinstance(node, (exp.Limit, exp.Offset, exp.Fetch)):
-            raise UnsupportedError("LIMIT", "LIMIT/OFFSET cannot be maintained differentially (TopK is not "
-                                   "supported yet); drop the LIMIT or use refresh_mode='FULL'")
-        if isinstance(node, exp.TableSample):
-            raise UnsupportedError("TABLESAMPLE", "TABLESAMPLE is random, so a stream table cannot be kept "
-                                   "equal to its query; sample the source into a table instead")
+        _reject_always(node)
         if isinstance(node, (exp.Lateral, exp.Unnest, exp.Explode)):
             raise UnsupportedError("LATERAL", "LATERAL / explode is not maintained differentially yet; use "
                                    "refresh_mode='FULL' or AUTO")
         if isinstance(node, (exp.Intersect, exp.Except)):
             raise UnsupportedError(node.key.upper(), f"{node.key.upper()} is not maintained differentially "
                                    "yet; use refresh_mode='FULL' or AUTO")
-        if isinstance(node, exp.With) and node.args.get("recursive"):
-            raise UnsupportedError("WITH RECURSIVE", "WITH RECURSIVE is not maintained differentially yet; "
-                                   "use refresh_mode='FULL' or AUTO")
         if isinstance(node, (exp.Exists, exp.Any, exp.All)) or (
             isinstance(node, exp.In) and node.args.get("query") is not None
         ):
@@ -130,13 +158,6 @@ def reject_unsupported(tree: exp.Expression) -> None:
                                    "refresh_mode='FULL' or AUTO")
         if isinstance(node, exp.Group):
             aggregates.grouping_sets(node)  # refuses more than MAX_GROUPING_SETS branches
-        if isinstance(node, VOLATILE_EXP) or (
-            isinstance(node, exp.Func) and node.name.lower() in VOLATILE
-        ):
-            name = node.sql("spark").split("(")[0]
-            raise UnsupportedError("volatile function", f"non-deterministic function {name}() gives a "
-                                   "different value at every evaluation, so its deltas do not add up; "
-                                   "compute it in the source table, or use refresh_mode='FULL'")
         if (isinstance(node, exp.AggFunc) and type(node) not in AGG_FUNCS
                 and not isinstance(node, aggregates.GROUPING_FUNCS)):
             raise aggregates.unsupported(f"aggregate {node.key}", node.sql("spark")[:60],
@@ -167,6 +188,7 @@ class _Builder:
         self.schemas = schemas  # source key -> [(column, type)]
         self.counter = 0
         self.notes: list[str] = []
+        self.cte_of: dict[int, exp.CTE] = {}  # id(CTE body) -> its CTE node (column list, WITH RECURSIVE)
 
     def fresh(self) -> str:
         self.counter += 1
@@ -202,6 +224,7 @@ class _Builder:
         out = dict(ctes)
         for cte in w.expressions:
             out[cte.alias_or_name.lower()] = cte.this
+            self.cte_of[id(cte.this)] = cte
         return out
 
     def select(self, q: exp.Select, ctes: dict[str, exp.Expression]) -> tuple[Node, list[str]]:
@@ -415,7 +438,11 @@ class _Builder:
                 scan = Scan(key, columns, self.fresh())
                 return scan, {(alias, c.lower()): i for c, i in columns}
             if not item.db and name in ctes:
-                node, names = self.query(ctes[name], ctes)
+                cte = self.cte_of.get(id(ctes[name]))
+                if cte is not None and is_recursive_cte(cte):
+                    node, names = self.recursive(cte, ctes)
+                else:
+                    node, names = self.query(ctes[name], ctes)
                 return node, {(alias, n.lower()): c for n, c in zip(names, node.cols, strict=True)}
             raise QueryError(f"unknown table {item.sql('spark')}")
         if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Table) and item.this.args.get("joins"):
@@ -428,6 +455,52 @@ class _Builder:
             node, names = self.query(item.this, ctes)
             return node, {(alias, n.lower()): c for n, c in zip(names, node.cols, strict=True)}
         raise UnsupportedError(item.key, f"{item.sql('spark')[:60]} is not supported in FROM yet")
+
+    def recursive(self, cte: exp.CTE, ctes: dict[str, exp.Expression]) -> tuple[Node, list[str]]:
+        """A recursive CTE read in FROM: a :class:`RecursiveCte` over its anchor and recursive term."""
+        name = cte.alias_or_name.lower()
+        body = cte.this
+        if not isinstance(body, exp.Union) or any(
+            t.name.lower() == name and not t.db for t in body.this.find_all(exp.Table)
+        ):
+            raise QueryError(f"recursive CTE {name} must be <anchor> UNION [ALL] <recursive term>, the anchor "
+                             "not reading the CTE itself")
+        anchor, step = body.this, body.expression
+        alias = cte.args.get("alias")
+        columns = [c.name for c in alias.columns] if alias is not None and alias.columns else select_names(anchor)
+        # other CTEs the body reads (transitively), in definition order, rendered natively beside it
+        needed: set[str] = set()
+        todo = [body]
+        while todo:
+            for t in todo.pop().find_all(exp.Table):
+                n = t.name.lower()
+                if not t.db and n in ctes and n != name and n not in needed:
+                    needed.add(n)
+                    todo.append(ctes[n])
+        helpers = []
+        for n, b in ctes.items():
+            if n in needed:
+                c = self.cte_of.get(id(b))
+                cols = c.args.get("alias") if c is not None else None
+                head = quote(n) + (f"({', '.join(quote(x.name) for x in cols.columns)})"
+                                   if cols is not None and cols.columns else "")
+                helpers.append((head, b))
+        anchor_node: Node | None
+        try:
+            reject_unsupported(anchor)
+            anchor_node, _ = self.query(anchor, ctes)
+        except UnsupportedError as e:
+            anchor_node = None
+            self.notes.append(f"recursive CTE {name}: its anchor is diffed by evaluating it twice ({e})")
+        if anchor_node is not None and len(anchor_node.cols) != len(columns):
+            raise QueryError(f"recursive CTE {name} names {len(columns)} columns but its anchor has "
+                             f"{len(anchor_node.cols)}")
+        shape, reason = analyze_step(step, name, self.keys, self.schemas)
+        node = RecursiveCte(name, columns, [self.fresh() for _ in columns], anchor, step,
+                            bool(body.args.get("distinct")), dict(self.keys),
+                            {k: [c for c, _ in cols] for k, cols in self.schemas.items()}, helpers,
+                            anchor_node, shape, reason)
+        return node, columns
 
     @staticmethod
     def scope_nodes(q: exp.Select):
@@ -550,6 +623,15 @@ class _Builder:
         return agg, post
 
 
+def select_names(q: exp.Expression) -> list[str]:
+    """Output names of a query: those of its leftmost SELECT."""
+    while isinstance(q, (exp.SetOperation, exp.Subquery)):
+        q = q.this
+    if not isinstance(q, exp.Select):
+        raise QueryError(f"cannot name the columns of {q.sql('spark')[:60]}")
+    return [e.alias_or_name for e in q.expressions]
+
+
 def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect: str = "spark"
                  ) -> tuple[Node, list[str], list[str]]:
     """Parse, check and build. ``schemas`` maps each source key to its columns as (name, type).
@@ -587,6 +669,18 @@ def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect
     builder = _Builder(keys, schemas)
     root, names = builder.query(qualified, {})
     return root, names, builder.notes
+
+
+def analyzable(sql: str, dialect: str = "spark") -> str:
+    """``sql`` in a form Spark can analyse for its result schema: a recursive CTE with UNION (which Spark
+    4.1 refuses, and spark-trickle evaluates itself) becomes UNION ALL, whose schema is the same."""
+    tree = parse(sql, dialect)
+    changed = False
+    for cte in tree.find_all(exp.CTE):
+        if is_recursive_cte(cte) and isinstance(cte.this, exp.Union) and cte.this.args.get("distinct"):
+            cte.this.set("distinct", False)
+            changed = True
+    return tree.sql(dialect=dialect) if changed else sql
 
 
 def pin_sources(sql: str, from_items: Mapping[str, str], dialect: str = "spark") -> str:

@@ -9,9 +9,10 @@ from dvm.operators.join import InnerJoin
 from dvm.operators.left_join import LeftJoin
 from dvm.operators.mark_join import Mark, MarkJoin
 from dvm.operators.project import Project
+from dvm.operators.recursive import RecursiveCte
 from dvm.operators.scan import Scan
 from dvm.operators.semi_join import SemiJoin
 from dvm.operators.union_all import UnionAll
 
 __all__ = ["Node", "Scan", "Filter", "Project", "InnerJoin", "LeftJoin", "Aggregate", "AggCall", "UnionAll"]
-__all__ += ["FullJoin", "SemiJoin", "AntiJoin", "Mark", "MarkJoin"]
+__all__ += ["FullJoin", "SemiJoin", "AntiJoin", "Mark", "MarkJoin", "RecursiveCte"]
