@@ -217,7 +217,7 @@ class RecursiveCte(Node):
         anchor = self._render(self.anchor_ast, self._at(ctx, state))
         if self.distinct:
             helpers = self._with(ctx, state)
-            prefix = f"WITH {', '.join(helpers)} " if helpers else ""
+            prefix = f"WITH RECURSIVE {', '.join(helpers)} " if helpers else ""
             step = self._render(self.step_ast, self._step_sub(ctx, {}, state, PREV))
             # the fixpoint reads its previous iteration as {prev}; helpers are inlined in both queries
             name = ctx.fixpoint(Fixpoint(self.columns, prefix + anchor, prefix + step))
@@ -264,7 +264,7 @@ class RecursiveCte(Node):
         if not any(ctx.changed(k) for k in anchor_keys):
             return None
         helpers = self._with(ctx, "post"), self._with(ctx, "pre")
-        post, pre = (f"{'WITH ' + ', '.join(h) + ' ' if h else ''}{self._render(self.anchor_ast, self._at(ctx, s))}"
+        post, pre = (f"{'WITH RECURSIVE ' + ', '.join(h) + ' ' if h else ''}{self._render(self.anchor_ast, self._at(ctx, s))}"
                      for h, s in zip(helpers, ("post", "pre"), strict=True))
         return self._consolidated([f"SELECT *, CAST(1 AS BIGINT) AS {W} FROM ({post})",
                                    f"SELECT *, CAST(-1 AS BIGINT) AS {W} FROM ({pre})"])
@@ -456,7 +456,7 @@ class RecursiveCte(Node):
                 anchor_post = self._render(self.anchor_ast, self._at(ctx, "post"))
                 helpers = self._with(ctx, "post")
                 if helpers:
-                    anchor_post = f"WITH {', '.join(helpers)} {anchor_post}"
+                    anchor_post = f"WITH RECURSIVE {', '.join(helpers)} {anchor_post}"
                 kept = op(r_pre, "EXCEPT", od)
                 rd = fix(op(od, "INTERSECT", union([rel(anchor_post), f(f"({kept})", "post")])),
                          op(f(PREV, "post"), "INTERSECT", od))
