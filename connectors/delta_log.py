@@ -135,6 +135,20 @@ class DeltaLog:
                     return v
         return None
 
+    def inserts_only_between(self, after: int, upto: int) -> bool:
+        """Whether every commit in (``after``, ``upto``] only added rows: no ``remove`` of data (a DELETE,
+        UPDATE or MERGE that matched rows rewrites or marks files, which removes them), no change-data file
+        (written for updates and deletes) and no metadata change. Reads only the commit files (no Spark job).
+        A False is safe (the caller picks its general rule), so anything unclear answers False."""
+        for v in range(after + 1, upto + 1):
+            actions = self.actions(v)
+            if not actions:
+                return False
+            for a in actions:
+                if ("remove" in a and (a["remove"] or {}).get("dataChange", True)) or "cdc" in a or "metaData" in a:
+                    return False
+        return True
+
     def last_trickle_commit(self) -> tuple[int, dict[str, Any]] | None:
         """The newest commit carrying a refresh record: the frontier the table's contents reflect."""
         for v in reversed(self.versions()):

@@ -40,7 +40,7 @@ INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.facto
 
 
 def merge(spark: Any, path: str, source_sql: str, statement: Callable[[str], str],
-          record: dict[str, Any], interpreted: bool = False) -> dict[str, int]:
+          record: dict[str, Any], interpreted: bool = False, conf: dict[str, str] | None = None) -> dict[str, int]:
     """Apply a delta to the stream table with one MERGE; return its row counts.
 
     The delta is computed ONCE, kept, and counted in the same Spark job: Delta's MERGE reads its source
@@ -53,11 +53,10 @@ def merge(spark: Any, path: str, source_sql: str, statement: Callable[[str], str
     took 3.7 s instead of 5.4 s without it), and it only pays off when many rows flow through the plan.
 
     The frontier is recorded even when nothing changed (an empty delta, or a MERGE that wrote no commit):
-    a properties-only commit then carries the record."""
+    a properties-only commit then carries the record. ``conf``: more settings for this refresh's session."""
     session = _session(spark, record)
-    if interpreted:
-        for k, v in INTERPRETED.items():
-            session.conf.set(k, v)
+    for k, v in {**(INTERPRETED if interpreted else {}), **(conf or {})}.items():
+        session.conf.set(k, v)
     # A local checkpoint, not df.cache(): Delta re-caches every cached plan that reads a table it just
     # wrote, and the delta of an aggregate reads the stream table itself, so a cached delta would be
     # recomputed (with new Spark jobs) right after the MERGE commits. The count fills the checkpoint.

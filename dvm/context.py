@@ -8,6 +8,7 @@ two versions. Pure data: rendering SQL needs no Spark.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,10 +36,40 @@ class SourceRef:
     post: int
     pre: int | None = None
     mult_col: str | None = None
+    #: every commit of the window only added rows (no Delta ``remove``/``cdc`` action): read from the log
+    #: by the refresh executor when a rule can use it (recursive CTEs: semi-naive instead of counting/DRed)
+    insert_only: bool = False
 
     @property
     def changed(self) -> bool:
         return self.pre is not None and self.post != self.pre
+
+
+#: In a :class:`Fixpoint`'s step query, the relation of the previous iteration's new tuples.
+PREV = "__trickle_prev__"
+
+
+@dataclass(frozen=True)
+class Fixpoint:
+    """A relation the refresh executor evaluates before running the rendered query, read by the name
+    :meth:`Context.fixpoint` returned (``columns``). Pure data, so rendering SQL still needs no Spark.
+
+    * ``weighted`` False — a set-semantics fixpoint (Spark's own recursion is UNION ALL only): start from
+      the distinct rows of ``seed``; repeatedly run ``step`` with :data:`PREV` reading the tuples the
+      previous round added, keeping only tuples not seen yet; stop when a round adds none.
+    * ``weighted`` True — a Z-set series Σₖ stepᵏ(seed): the last column is the weight ``__w``; every round
+      is netted per tuple (weights summed: paths are counted, not enumerated) and the series stops at the
+      first empty round. The result is the union of all rounds.
+    * ``step`` None — ``seed`` materialised once (read twice by the query, computed once).
+    """
+
+    columns: list[str]
+    seed: str
+    step: str | None
+    weighted: bool = False
+
+    def key(self) -> tuple[str, ...]:
+        return (*self.columns, "\x00", self.seed, "\x00", self.step or "", str(self.weighted))
 
 
 @dataclass(frozen=True)
@@ -48,6 +79,25 @@ class Context:
     sources: dict[str, SourceRef] = field(default_factory=dict)
     #: the stream table's own Delta path: the algebraic aggregate rule reads its stored state from it
     target_path: str | None = None
+    #: what rules decided while rendering this refresh (e.g. which recursive-CTE strategy), for its record
+    notes: list[str] = field(default_factory=list)
+    #: fixpoints the rendered SQL reads, in the order they must run (a later one may read an earlier one)
+    fixpoints: list[tuple[str, Fixpoint]] = field(default_factory=list)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def fixpoint(self, spec: Fixpoint) -> str:
+        """The name the query reads ``spec``'s result by (a global temporary view, visible to every session
+        of the application); the same spec rendered twice is evaluated once."""
+        for name, s in self.fixpoints:
+            if s.key() == spec.key():
+                return name
+        name = f"global_temp.__trickle_fx_{self.run_id}_{len(self.fixpoints)}"
+        self.fixpoints.append((name, spec))
+        return name
 
     def table(self, key: str, state: State) -> str:
         ref = self.sources[key]

@@ -18,6 +18,7 @@ from sqlglot.optimizer.qualify import qualify
 
 import dvm.operators.aggregates as aggregates
 from dvm import rewrite
+from dvm.context import quote
 from dvm.errors import QueryError, UnsupportedError
 from dvm.operators import (
     AggCall,
@@ -33,6 +34,7 @@ from dvm.operators import (
     MarkJoin,
     Node,
     Project,
+    RecursiveCte,
     Scan,
     SemiJoin,
     SetOp,
@@ -42,6 +44,7 @@ from dvm.operators import (
 )
 from dvm.operators.cte import CteRef, SharedCte, finalize_ctes
 from dvm.operators.lateral import LEFT, InnerSource
+from dvm.operators.recursive import analyze_step
 from dvm.operators.window import owning_window
 from dvm.rewrites import scalar_subquery
 
@@ -249,17 +252,36 @@ def reject_order_dependent(node: exp.Expression) -> None:
                                "array_sort(collect_list(...)), MIN / MAX, mode(x, true), or refresh_mode='FULL'")
 
 
+def is_recursive_cte(cte: exp.CTE) -> bool:
+    """A CTE of a ``WITH RECURSIVE`` list whose body reads its own name (the list may hold plain CTEs)."""
+    w = cte.parent
+    if not isinstance(w, exp.With) or not w.args.get("recursive"):
+        return False
+    name = cte.alias_or_name.lower()
+    return any(t.name.lower() == name and not t.db for t in cte.this.find_all(exp.Table))
+
+
 def reject_unsupported(tree: exp.Expression, columns: set[str] | None = None) -> None:
     """Fail on constructs the operator tree cannot maintain, naming them and saying what to do.
 
     ``columns``: the (lower case) column names of every source, to tell the clock keywords written without
-    parentheses (``localtimestamp``) from columns of that name."""
+    parentheses (``localtimestamp``) from columns of that name.
+
+    The body of a recursive CTE is not built into operators (Spark evaluates it, see
+    :mod:`dvm.operators.recursive`): only the safety checks apply inside it, and LIMIT (its rows would depend
+    on the evaluation order of the rounds); its anchor is checked again when it is built."""
     in_lateral = lateral_bodies(tree)
+    in_recursive = {id(n) for cte in tree.find_all(exp.CTE) if is_recursive_cte(cte) for n in cte.this.walk()}
     for node in tree.walk():
         reject_unsafe(node)
         if (isinstance(node, exp.Column) and not node.table and node.name.lower() in CLOCK_KEYWORDS
                 and node.name.lower() not in (columns or set())):
             reject_unsafe(exp.Anonymous(this=node.name))
+        if id(node) in in_recursive:
+            if isinstance(node, (exp.Limit, exp.Offset, exp.Fetch)):
+                raise UnsupportedError("LIMIT", "ORDER BY ... LIMIT inside a recursive CTE is not maintained; "
+                                       "use refresh_mode='FULL' or AUTO")
+            continue
         if id(node) in in_lateral:
             reject_order_dependent(node)
             continue
@@ -275,9 +297,6 @@ def reject_unsupported(tree: exp.Expression, columns: set[str] | None = None) ->
                                               or kind in ("SEMI", "ANTI")):
                 raise UnsupportedError("LATERAL", "a LATERAL item is maintained after a FROM item, joined with "
                                        "a comma, [CROSS] JOIN or LEFT JOIN; use refresh_mode='FULL' or AUTO")
-        if isinstance(node, exp.With) and node.args.get("recursive"):
-            raise UnsupportedError("WITH RECURSIVE", "WITH RECURSIVE is not maintained differentially yet; "
-                                   "use refresh_mode='FULL' or AUTO")
         if isinstance(node, (exp.Exists, exp.Any, exp.All)) or (
             isinstance(node, exp.In) and node.args.get("query") is not None
         ):
@@ -363,6 +382,7 @@ class _Builder:
         self.notes: list[str] = []
         self.types: dict[str, str] = {}  # internal column -> source type, where known (tie-breakers skip maps)
         self.shared: dict[int, SharedCte] = {}  # id of a CTE's body AST -> its subtree, built once
+        self.cte_of: dict[int, exp.CTE] = {}  # id(CTE body) -> its CTE node (column list, WITH RECURSIVE)
 
     def fresh(self) -> str:
         self.counter += 1
@@ -480,6 +500,7 @@ class _Builder:
         out = dict(ctes)
         for cte in w.expressions:
             out[cte.alias_or_name.lower()] = cte.this
+            self.cte_of[id(cte.this)] = cte
         return out
 
     def select(self, q: exp.Select, ctes: dict[str, exp.Expression]) -> tuple[Node, list[str]]:
@@ -875,6 +896,10 @@ class _Builder:
                 scan = Scan(key, columns, self.fresh())
                 return scan, {(alias, c.lower()): i for c, i in columns}
             if not item.db and name in ctes:
+                cte = self.cte_of.get(id(ctes[name]))
+                if cte is not None and is_recursive_cte(cte):
+                    node, names = self.recursive(cte, ctes)
+                    return node, {(alias, n.lower()): c for n, c in zip(names, node.cols, strict=True)}
                 ref = self.cte_ref(name, ctes)
                 return ref, {(alias, n.lower()): c for n, c in zip(ref.shared.names, ref.cols, strict=True)}
             raise QueryError(f"unknown table {item.sql('spark')}")
@@ -898,6 +923,52 @@ class _Builder:
             node, names = self.query(body, ctes)
             shared = self.shared[id(body)] = SharedCte(name, node, names)
         return CteRef(shared, [self.fresh() for _ in shared.node.cols])
+
+    def recursive(self, cte: exp.CTE, ctes: dict[str, exp.Expression]) -> tuple[Node, list[str]]:
+        """A recursive CTE read in FROM: a :class:`RecursiveCte` over its anchor and recursive term."""
+        name = cte.alias_or_name.lower()
+        body = cte.this
+        if not isinstance(body, exp.Union) or any(
+            t.name.lower() == name and not t.db for t in body.this.find_all(exp.Table)
+        ):
+            raise QueryError(f"recursive CTE {name} must be <anchor> UNION [ALL] <recursive term>, the anchor "
+                             "not reading the CTE itself")
+        anchor, step = body.this, body.expression
+        alias = cte.args.get("alias")
+        columns = [c.name for c in alias.columns] if alias is not None and alias.columns else select_names(anchor)
+        # other CTEs the body reads (transitively), in definition order, rendered natively beside it
+        needed: set[str] = set()
+        todo = [body]
+        while todo:
+            for t in todo.pop().find_all(exp.Table):
+                n = t.name.lower()
+                if not t.db and n in ctes and n != name and n not in needed:
+                    needed.add(n)
+                    todo.append(ctes[n])
+        helpers = []
+        for n, b in ctes.items():
+            if n in needed:
+                c = self.cte_of.get(id(b))
+                cols = c.args.get("alias") if c is not None else None
+                head = quote(n) + (f"({', '.join(quote(x.name) for x in cols.columns)})"
+                                   if cols is not None and cols.columns else "")
+                helpers.append((head, b))
+        anchor_node: Node | None
+        try:
+            reject_unsupported(anchor)
+            anchor_node, _ = self.query(anchor, ctes)
+        except UnsupportedError as e:
+            anchor_node = None
+            self.notes.append(f"recursive CTE {name}: its anchor is diffed by evaluating it twice ({e})")
+        if anchor_node is not None and len(anchor_node.cols) != len(columns):
+            raise QueryError(f"recursive CTE {name} names {len(columns)} columns but its anchor has "
+                             f"{len(anchor_node.cols)}")
+        shape, reason = analyze_step(step, name, self.keys, self.schemas)
+        node = RecursiveCte(name, columns, [self.fresh() for _ in columns], anchor, step,
+                            bool(body.args.get("distinct")), dict(self.keys),
+                            {k: [c for c, _ in cols] for k, cols in self.schemas.items()}, helpers,
+                            anchor_node, shape, reason)
+        return node, columns
 
     @staticmethod
     def scope_nodes(q: exp.Select):
@@ -1049,6 +1120,15 @@ def window_rewrites(tree: exp.Expression) -> exp.Expression:
     return rewrite.eliminate_distinct_on(tree)
 
 
+def select_names(q: exp.Expression) -> list[str]:
+    """Output names of a query: those of its leftmost SELECT."""
+    while isinstance(q, (exp.SetOperation, exp.Subquery)):
+        q = q.this
+    if not isinstance(q, exp.Select):
+        raise QueryError(f"cannot name the columns of {q.sql('spark')[:60]}")
+    return [e.alias_or_name for e in q.expressions]
+
+
 def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect: str = "spark"
                  ) -> tuple[Node, list[str], list[str]]:
     """Parse, check and build. ``schemas`` maps each source key to its columns as (name, type).
@@ -1097,6 +1177,18 @@ def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect
     root, names = builder.query(qualified, {})
     finalize_ctes(root)
     return root, names, builder.notes
+
+
+def analyzable(sql: str, dialect: str = "spark") -> str:
+    """``sql`` in a form Spark can analyse for its result schema: a recursive CTE with UNION (which Spark
+    4.1 refuses, and spark-trickle evaluates itself) becomes UNION ALL, whose schema is the same."""
+    tree = parse(sql, dialect)
+    changed = False
+    for cte in tree.find_all(exp.CTE):
+        if is_recursive_cte(cte) and isinstance(cte.this, exp.Union) and cte.this.args.get("distinct"):
+            cte.this.set("distinct", False)
+            changed = True
+    return tree.sql(dialect=dialect) if changed else sql
 
 
 def pin_sources(sql: str, from_items: Mapping[str, str], dialect: str = "spark") -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from dvm.context import Context, quote
-from dvm.operators import Aggregate, Filter, Node, Project, TopK
+from dvm.operators import Aggregate, Filter, Node, Project, RecursiveCte, TopK
 from dvm.operators.aggregate import Branch, key_match
 from dvm.operators.base import W, col_list, union_all
 from dvm.operators.cte import with_shared
@@ -244,8 +244,28 @@ class Plan:
 
     # --- differential refresh ---
 
+    def stored_recursive(self) -> tuple[RecursiveCte, list[int]] | None:
+        """The recursive CTE whose rows the stream table stores as they are (``SELECT <each CTE column once>
+        FROM cte``, bag layout), with the user column position of each CTE column: its rule then reads the
+        old result from the stream table instead of recomputing it."""
+        root = self.root
+        if self.keyed is not None or not isinstance(root, Project) or not isinstance(root.child, RecursiveCte):
+            return None
+        rec = root.child
+        pos: dict[str, int] = {}
+        for j, (_, e) in enumerate(root.items):
+            if not isinstance(e, exp.Column) or e.name not in rec.cols or e.name in pos:
+                return None
+            pos[e.name] = j
+        if len(pos) != len(rec.cols):
+            return None
+        return rec, [pos[c] for c in rec.cols]
+
     def merge_source_sql(self, ctx: Context, types: list[str]) -> str | None:
         """Rows to MERGE into the stream table on ``__row_id``; None when provably nothing changed."""
+        stored = self.stored_recursive()
+        if stored is not None:
+            stored[0].stored = [self.names[j] for j in stored[1]]
         sql = self._merge_source_sql(ctx, types)
         return None if sql is None else with_shared(sql, self.root, ctx)
 

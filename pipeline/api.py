@@ -10,7 +10,8 @@ from typing import Any
 import dvm
 import dvm.views
 from connectors.delta_log import DeltaLog
-from dvm.context import quote
+from dvm.context import PREV, quote
+from pipeline import fixpoints
 from pipeline.catalog import Catalog, SourceInfo, StreamTableDef, validate_mode, validate_name
 from pipeline.errors import CatalogError, QueryError, SourceError, UnsupportedError
 from pipeline.refresh import Refresher, RefreshResult
@@ -170,7 +171,7 @@ class StreamTables:
         latest = {k: DeltaLog(self.spark, s.path).latest_version() or 0 for k, s in sources.items()}
         draft = StreamTableDef(key, query, schedule, mode, path, sources, [], [], "bag",
                                inlined_query=maintained if views else None, views=views)
-        pinned = dvm.parser.pin_sources(maintained, self.refresher.from_items(draft, latest))
+        pinned = dvm.parser.pin_sources(dvm.parser.analyzable(maintained), self.refresher.from_items(draft, latest))
         try:
             schema = self.spark.sql(pinned).schema
         except Exception as e:  # AnalysisException and friends: unknown column, type errors
@@ -212,8 +213,11 @@ class StreamTables:
             raise
 
     def _create_empty(self, d: StreamTableDef, latest: dict[str, int]) -> None:
-        df = self.spark.sql(self.refresher.full_sql(d, latest)).limit(0)
-        (df.write.format("delta").mode("overwrite").option("delta.enableChangeDataFeed", "true").save(d.path))
+        ctx = self.refresher.context(d, None, latest)
+        sql = self.refresher.full_sql(d, latest, ctx)
+        with fixpoints.evaluated(self.spark, ctx):
+            df = fixpoints.reader(self.spark, ctx).sql(sql).limit(0)
+            (df.write.format("delta").mode("overwrite").option("delta.enableChangeDataFeed", "true").save(d.path))
 
     def alter_stream_table(self, name: str, schedule: str | None = None, refresh_mode: str | None = None,
                            status: str | None = None) -> None:
@@ -329,8 +333,14 @@ class StreamTables:
         ctx = self.refresher.context(d, pre, post)
         types = d.types if len(d.types) == len(plan.names) else ["string"] * len(plan.names)
         src = plan.merge_source_sql(ctx, types)
+        if ctx.notes:
+            lines += ["", "rules chosen for this window:"] + [f"  - {n}" for n in ctx.notes]
         lines += ["", "delta SQL (every source changed between versions 1 and 2):",
                   _pretty(plan.merge_statement(f"delta.{quote(d.path)}", src or "SELECT NULL"))]
+        for name, spec in ctx.fixpoints:
+            lines += ["", f"{name}: fixpoint over ({', '.join(spec.columns)}), evaluated before the MERGE "
+                      f"(rounds until nothing new; {PREV} = the previous round's new rows)",
+                      "  seed:", _pretty(spec.seed), "  step:", _pretty(spec.step)]
         return "\n".join(lines)
 
     def read(self, name: str) -> Any:

@@ -27,7 +27,9 @@ import dvm
 from connectors import delta_sink
 from connectors.delta_log import DeltaLog
 from dvm.context import Context, SourceRef, quote
+from dvm.operators import RecursiveCte
 from dvm.plan import bag_rows_sql
+from pipeline import fixpoints
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.errors import RefreshError, SourceError, UnsupportedError
 
@@ -236,6 +238,8 @@ class Refresher:
         else:
             counts = self._full(d, post, record)
         self.after_commit(d.name)
+        if action == "DIFFERENTIAL" and record.get("notes"):
+            reason = f"{reason}; {'; '.join(record['notes'])}"
         duration = (time.perf_counter() - t0) * 1000
         result = RefreshResult(d.name, action, reason, counts["inserted"], counts["deleted"], counts["updated"],
                                duration, post, refresh_id, recovered)
@@ -265,24 +269,38 @@ class Refresher:
             return "FULL", f"query not differentiable: {d.full_reason}"
         return "DIFFERENTIAL", "source changes applied as a delta"
 
-    def context(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int]) -> Context:
-        refs = {
-            key: SourceRef(src.path, post[key], None if pre is None else pre.get(key), src.mult_col)
-            for key, src in d.sources.items()
-        }
+    def context(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int],
+                insert_only: bool = False) -> Context:
+        """The sources of one refresh. ``insert_only``: also find out, from each changed source's log, whether
+        its window only inserted rows (rules that can use it ask for it: see :meth:`_needs_insert_only`)."""
+        refs = {}
+        for key, src in d.sources.items():
+            before = None if pre is None else pre.get(key)
+            only = (insert_only and before is not None and post[key] > before
+                    and DeltaLog(self.spark, src.path).inserts_only_between(before, post[key]))
+            refs[key] = SourceRef(src.path, post[key], before, src.mult_col, only)
         return Context(refs, target_path=d.path)
+
+    @staticmethod
+    def _needs_insert_only(plan: dvm.Plan | None) -> bool:
+        return plan is not None and any(isinstance(n, RecursiveCte) for n in plan.root.walk())
 
     def _differential(self, d: StreamTableDef, pre: dict[str, int], post: dict[str, int],
                       record: dict[str, Any]) -> dict[str, int]:
         plan = self.plan(d)
         assert plan is not None
-        src = plan.merge_source_sql(self.context(d, pre, post), d.types)
+        ctx = self.context(d, pre, post, self._needs_insert_only(plan))
+        src = plan.merge_source_sql(ctx, d.types)
+        if ctx.notes:
+            record["notes"] = list(ctx.notes)
         if src is None:
             delta_sink.mark_frontier(self.spark, d.path, record)
             return {"inserted": 0, "updated": 0, "deleted": 0}
         target = f"delta.{quote(d.path)}"
-        return delta_sink.merge(self.spark, d.path, src, lambda rows: plan.merge_statement(target, rows), record,
-                                interpreted=self.small(d, post))
+        with fixpoints.evaluated(self.spark, ctx):
+            return delta_sink.merge(self.spark, d.path, src, lambda rows: plan.merge_statement(target, rows),
+                                    record, interpreted=self.small(d, post),
+                                    conf=fixpoints.READ_CONF if ctx.fixpoints else None)
 
     def small(self, d: StreamTableDef, post: dict[str, int]) -> bool:
         """Whether a differential refresh should run without code generation: when the tables it reads
@@ -302,9 +320,11 @@ class Refresher:
             total += size
         return total < limit
 
-    def full_sql(self, d: StreamTableDef, post: dict[str, int]) -> str:
+    def full_sql(self, d: StreamTableDef, post: dict[str, int], ctx: Context | None = None) -> str:
+        """The stream table's rows at ``post``. Fixpoints it reads are registered in ``ctx`` (see
+        :mod:`pipeline.fixpoints`): pass one and evaluate them around the query."""
         plan = self.plan(d)
-        ctx = self.context(d, None, post)
+        ctx = ctx if ctx is not None else self.context(d, None, post)
         if plan is not None:
             return plan.full_sql(ctx, d.types)
         pinned = dvm.parser.pin_sources(d.maintained_query, self.from_items(d, post), d.dialect)
@@ -325,8 +345,10 @@ class Refresher:
         return out
 
     def _full(self, d: StreamTableDef, post: dict[str, int], record: dict[str, Any]) -> dict[str, int]:
-        df = self.spark.sql(self.full_sql(d, post))
-        return delta_sink.overwrite(self.spark, df, d.path, record)
+        ctx = self.context(d, None, post)
+        sql = self.full_sql(d, post, ctx)
+        with fixpoints.evaluated(self.spark, ctx):
+            return delta_sink.overwrite(self.spark, fixpoints.reader(self.spark, ctx).sql(sql), d.path, record)
 
     # --- bookkeeping ---
 

@@ -104,7 +104,7 @@ def test_demo_conf_loads() -> None:
         "department_report",
     ]
     assert all(s.schedule == "30s" for s in conf.stream_tables)
-    assert conf.stream_tables[0].refresh_mode == "FULL"
+    assert conf.stream_tables[0].refresh_mode == "DIFFERENTIAL"  # WITH RECURSIVE is differentiated
     assert conf.warehouse == PROJECT_ROOT / "warehouse"
     assert conf.spark == {"spark.sql.shuffle.partitions": "4"}
     assert conf.sources == [] and conf.checkpoints is None

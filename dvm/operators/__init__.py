@@ -11,6 +11,7 @@ from dvm.operators.lateral import LateralJoin
 from dvm.operators.left_join import LeftJoin
 from dvm.operators.mark_join import Mark, MarkJoin
 from dvm.operators.project import Project
+from dvm.operators.recursive import RecursiveCte
 from dvm.operators.scan import Scan
 from dvm.operators.semi_join import SemiJoin
 from dvm.operators.set_op import SetOp
@@ -20,4 +21,4 @@ from dvm.operators.window import Window
 
 __all__ = ["Node", "Scan", "Filter", "Project", "InnerJoin", "LeftJoin", "Aggregate", "AggCall", "UnionAll"]
 __all__ += ["FullJoin", "SemiJoin", "AntiJoin", "Mark", "MarkJoin", "TopK", "Window", "Generate", "LateralJoin",
-           "SetOp"]
+           "SetOp", "RecursiveCte"]
