@@ -19,11 +19,60 @@ from typing import Any
 
 import pytest
 import sqlglot
+from coverage_rows import Row
 from oracle import Churn, Col, TableSpec, run_oracle
 
 from dvm.rewrite import expand_quantified
 
 CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
+
+COVERAGE_TITLE = "Joins: outer, natural / USING, non-equi, self, nested; semi- and anti-joins (EXISTS, IN, ALL / ANY)"
+_J = "test_join_family_differential"
+COVERAGE = [
+    Row("FULL OUTER JOIN", "DIFFERENTIAL", "SELECT a.id, b.id AS bid, a.v, b.v AS bv FROM a FULL JOIN b ON a.k = b.k", _J,
+        "LEFT join delta plus the NULL-padded anti-join delta of the right side"),
+    Row("FULL JOIN with a non-equi condition", "DIFFERENTIAL",
+        "SELECT a.id, b.id AS bid FROM a FULL OUTER JOIN b ON a.k = b.k AND a.v > b.v", _J),
+    Row("RIGHT OUTER JOIN", "DIFFERENTIAL", "SELECT a.id, b.id AS bid, b.s FROM a RIGHT JOIN b ON a.k = b.k", _J,
+        "a LEFT join with the sides swapped"),
+    Row("JOIN ... USING, NATURAL JOIN", "DIFFERENTIAL",
+        "SELECT k, a.id, c.v FROM a JOIN b USING (k) NATURAL RIGHT JOIN c", _J),
+    Row("USING after a FULL JOIN (joins on the merged column)", "DIFFERENTIAL",
+        "SELECT k, a.id, b.v, c.v AS cv FROM a FULL JOIN b USING (k) LEFT JOIN c USING (k)", _J,
+        "keyed on COALESCE(a.k, b.k), as SQL says"),
+    Row("Self-join", "DIFFERENTIAL", "SELECT x.id, y.id AS yid FROM a x FULL JOIN a y ON x.k = y.k AND x.id < y.id", _J),
+    Row("Nested (parenthesised) joins mixing inner and outer", "DIFFERENTIAL",
+        "SELECT a.id, b.id AS bid, c.v FROM a FULL JOIN (b LEFT JOIN c ON b.k = c.k AND c.v > b.v) ON a.k = b.k", _J),
+    Row("Inner join on a non-equi (band) condition", "DIFFERENTIAL",
+        "SELECT a.id, b.id AS bid FROM a JOIN b ON a.v BETWEEN b.v AND b.v + 1", _J),
+    Row("CROSS JOIN", "DIFFERENTIAL", "SELECT a.id, c.v FROM a CROSS JOIN c WHERE c.v > a.v", _J),
+    Row("Aggregate over a FULL JOIN", "DIFFERENTIAL",
+        "SELECT b.k, COUNT(*) AS n, SUM(a.v) AS s, MAX(a.v) AS mx, MIN(b.x) AS mn FROM a FULL JOIN b ON a.k = b.k "
+        "GROUP BY b.k", _J),
+    Row("EXISTS (subquery), correlated on equality and non-equality", "DIFFERENTIAL",
+        "SELECT id, v FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k AND b.v >= a.v)", _J,
+        "a semi-join: left rows touched by a change are re-checked on both snapshots"),
+    Row("NOT EXISTS (subquery)", "DIFFERENTIAL",
+        "SELECT id, v FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k AND b.v > a.v)", _J, "an anti-join"),
+    Row("IN (subquery)", "DIFFERENTIAL", "SELECT id FROM a WHERE v IN (SELECT v FROM c)", _J),
+    Row("NOT IN (subquery), with SQL's NULL semantics", "DIFFERENTIAL",
+        "SELECT id FROM a WHERE v NOT IN (SELECT v FROM c WHERE c.k = a.k)", _J,
+        "a NULL among the subquery's values empties the result; a NULL left value qualifies only against an "
+        "empty subquery"),
+    Row("op ALL (subquery)", "DIFFERENTIAL", "SELECT id FROM a WHERE v > ALL (SELECT v FROM c WHERE c.k = a.k)", _J),
+    Row("op ANY / SOME (subquery)", "DIFFERENTIAL", "SELECT id FROM a WHERE v < ANY (SELECT v FROM b WHERE b.k = 2)", _J),
+    Row("Subquery predicates under OR / NOT", "DIFFERENTIAL",
+        "SELECT id FROM a WHERE v > 7 OR EXISTS (SELECT 1 FROM b WHERE b.k = a.k) OR NOT (v < ANY (SELECT v FROM c))",
+        _J, "one mark join (a flag per predicate) read by a filter"),
+    Row("LEFT SEMI JOIN (Spark)", "DIFFERENTIAL", "SELECT a.id FROM a LEFT SEMI JOIN b ON b.k = a.k AND b.v > a.v", _J),
+    Row("LEFT ANTI JOIN (Spark)", "DIFFERENTIAL", "SELECT a.id FROM a LEFT ANTI JOIN c ON c.k = a.k", _J),
+    Row("IN / EXISTS subquery outside WHERE (HAVING, SELECT list)", "FULL-only",
+        "SELECT k, COUNT(*) AS n FROM a GROUP BY k HAVING k IN (SELECT k FROM b)", None,
+        "maintained only in a WHERE clause, combined with AND / OR / NOT; move it there"),
+    Row("Correlated subquery predicate with GROUP BY / aggregates", "FULL-only",
+        "SELECT id FROM a WHERE v IN (SELECT MAX(b.v) FROM b WHERE b.k = a.k)", None,
+        "decorrelate it into a join with a GROUP BY subquery in FROM"),
+]
 
 CUST = TableSpec(
     "cust",
@@ -89,6 +138,14 @@ QUERIES = {
         "WHERE o.qty > ALL (SELECT t.val FROM {tags} t WHERE t.cid = o.cid) "
         "OR o.cid IN (SELECT c.cid FROM {cust} c WHERE c.region = 1) "
         "OR NOT (o.qty < ANY (SELECT c.credit FROM {cust} c WHERE c.region = 2))"
+        # join kinds the branches above do not use: Spark's LEFT SEMI / LEFT ANTI JOIN, CROSS JOIN, an inner
+        # join on a band (non-equi) condition, a plain RIGHT join
+        "UNION ALL SELECT 'left_semi', c.cid, c.credit FROM {cust} c LEFT SEMI JOIN {ord} o "
+        "ON o.cid = c.cid AND o.qty > c.credit "
+        "UNION ALL SELECT 'left_anti', c.cid, c.credit FROM {cust} c LEFT ANTI JOIN {tags} t ON t.cid = c.cid "
+        "UNION ALL SELECT 'cross', c.cid, t.val FROM {cust} c CROSS JOIN {tags} t WHERE t.val > c.credit + 4 "
+        "UNION ALL SELECT 'band', o.oid, c.cid FROM {ord} o JOIN {cust} c ON o.qty BETWEEN c.credit AND c.credit + 1 "
+        "UNION ALL SELECT 'right', o.oid, c.region FROM {cust} c RIGHT JOIN {ord} o ON c.cid = o.cid"
     ),
 }
 
