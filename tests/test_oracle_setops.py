@@ -153,7 +153,8 @@ def test_scalar_subquery_corners_differential(
 
 
 _T = "test_setops_scalar_subqueries_ctes_differential"
-_CORNERS = "test_scalar_subquery_corners_differential"
+
+_NESTED = "the subquery is an aggregate below the top: its affected groups are rescanned (group rescan)"
 
 COVERAGE: list[Row] = [
     Row("INTERSECT", "DIFFERENTIAL", "SELECT k, v FROM a INTERSECT SELECT k, v FROM b", _T),
@@ -163,16 +164,17 @@ COVERAGE: list[Row] = [
     Row("MINUS [ALL]", "DIFFERENTIAL", "SELECT k FROM a MINUS SELECT k FROM b", _T),
     Row("set operations nested with UNION [ALL]", "DIFFERENTIAL",
         "(SELECT k FROM a EXCEPT SELECT k FROM b) UNION (SELECT k FROM b INTERSECT SELECT k FROM c)", _T),
-    Row("scalar subquery in SELECT (uncorrelated)", "DIFFERENTIAL",
-        "SELECT id, (SELECT MAX(v) FROM b) AS m FROM a", _T),
-    Row("scalar subquery in WHERE (uncorrelated)", "DIFFERENTIAL",
-        "SELECT id FROM a WHERE v > (SELECT AVG(v) FROM b)", _T),
-    Row("correlated scalar subquery (equality correlation)", "DIFFERENTIAL",
-        "SELECT a.id, (SELECT COUNT(*) FROM b WHERE b.k = a.k) AS n FROM a", _CORNERS),
-    Row("correlated scalar subquery in WHERE", "DIFFERENTIAL",
-        "SELECT a.id FROM a WHERE a.v >= (SELECT AVG(b.v) FROM b WHERE b.k = a.k)", _T),
-    Row("CTE referenced several times", "DIFFERENTIAL",
-        "WITH t AS (SELECT k, SUM(v) AS s FROM b GROUP BY k) SELECT x.k, y.s FROM t x JOIN t y ON x.k = y.k + 1", _T),
+    Row("scalar subquery in SELECT (uncorrelated)", "recompute-scoped",
+        "SELECT id, (SELECT MAX(v) FROM b) AS m FROM a", _T, _NESTED),
+    Row("scalar subquery in WHERE (uncorrelated)", "recompute-scoped",
+        "SELECT id FROM a WHERE v > (SELECT AVG(v) FROM b)", _T, _NESTED),
+    Row("correlated scalar subquery (equality correlation)", "recompute-scoped",
+        "SELECT a.id, (SELECT COUNT(*) FROM b WHERE b.k = a.k) AS n FROM a", _T, _NESTED),
+    Row("correlated scalar subquery in WHERE", "recompute-scoped",
+        "SELECT a.id FROM a WHERE a.v >= (SELECT AVG(b.v) FROM b WHERE b.k = a.k)", _T, _NESTED),
+    Row("CTE referenced several times", "recompute-scoped",
+        "WITH t AS (SELECT k, SUM(v) AS s FROM b GROUP BY k) SELECT x.k, y.s FROM t x JOIN t y ON x.k = y.k + 1", _T,
+        "the CTE's subtree is built and differentiated once for all references; " + _NESTED),
     Row("non-aggregate scalar subquery", "FULL-only", "SELECT a.id, (SELECT b.v FROM b WHERE b.id = a.k) AS w FROM a",
         reason="may return several rows (an error in SQL); write it as an aggregate (MAX, ANY_VALUE) or a join"),
     Row("correlated scalar subquery with a non-equality correlation", "FULL-only",

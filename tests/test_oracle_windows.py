@@ -83,6 +83,15 @@ QUERIES: dict[str, str | tuple[str, str]] = {
         "SELECT grp, id, x FROM (SELECT grp, id, x, ROW_NUMBER() OVER (PARTITION BY grp ORDER BY x DESC, id) AS rn "
         "FROM {w}) t WHERE rn <= 2"
     ),
+    # QUALIFY (rewritten to a filter over a subquery; the oracle runs that form) and a TopK in a subquery
+    # (recomputed on both snapshots) joined back to its source
+    "qualify_sub": (
+        "SELECT q.grp, q.id, t.x FROM (SELECT grp, id FROM {w} QUALIFY RANK() OVER (PARTITION BY grp ORDER BY id DESC) = 1) q "
+        "JOIN (SELECT id, x FROM {w} ORDER BY x DESC NULLS LAST, id LIMIT 6) t ON t.id = q.id",
+        "SELECT q.grp, q.id, t.x FROM (SELECT grp, id FROM (SELECT grp, id, RANK() OVER (PARTITION BY grp ORDER BY id DESC) "
+        "AS r FROM {w}) z WHERE r = 1) q "
+        "JOIN (SELECT id, x FROM {w} ORDER BY x DESC NULLS LAST, id LIMIT 6) t ON t.id = q.id",
+    ),
     "over_agg": (
         "SELECT grp, SUM(x) AS s, COUNT(*) AS n, RANK() OVER (ORDER BY SUM(x) DESC) AS r, "
         "SUM(COUNT(*)) OVER () AS total, LAG(SUM(x)) OVER (ORDER BY grp) AS prev FROM {w} GROUP BY grp"
@@ -187,7 +196,6 @@ def test_window_corners_differential(
 # --------------------------------------------------------------------------------------------------
 
 _FAMILY = "test_window_family_differential"
-_CORNERS = "test_window_corners_differential"
 _PART = "partition-scoped recompute: the partitions the delta touches, on both snapshots"
 
 COVERAGE: list[Row] = [
@@ -220,7 +228,7 @@ COVERAGE: list[Row] = [
         "SELECT * FROM (SELECT k, id, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v DESC, id) AS rn FROM a) t "
         "WHERE rn <= 3", _FAMILY, _PART),
     Row("QUALIFY", "recompute-scoped",
-        "SELECT k, id FROM a QUALIFY ROW_NUMBER() OVER (PARTITION BY k ORDER BY id) = 1", _CORNERS,
+        "SELECT k, id FROM a QUALIFY ROW_NUMBER() OVER (PARTITION BY k ORDER BY id) = 1", _FAMILY,
         "rewritten to a filter over a subquery; " + _PART),
     Row("WINDOW w AS (...) (named windows)", "recompute-scoped",
         "SELECT id, SUM(v) OVER w AS s FROM a WINDOW w AS (PARTITION BY k ORDER BY id)", _FAMILY,
@@ -229,7 +237,7 @@ COVERAGE: list[Row] = [
         "SELECT id, v FROM a ORDER BY v DESC, id LIMIT 10", _FAMILY,
         "the top of the post snapshot merged against the stored rows, when a source changed"),
     Row("ORDER BY ... LIMIT in a subquery", "recompute-scoped",
-        "SELECT t.id FROM (SELECT id FROM a ORDER BY v, id LIMIT 5) t JOIN b ON b.id = t.id", _CORNERS,
+        "SELECT t.id FROM (SELECT id FROM a ORDER BY v, id LIMIT 5) t JOIN b ON b.id = t.id", _FAMILY,
         "TopK recomputed on both snapshots when a source changed"),
     Row("DISTINCT ON (PostgreSQL)", "recompute-scoped",
         "SELECT DISTINCT ON (k) k, id, v FROM a ORDER BY k, v DESC, id", _FAMILY,
