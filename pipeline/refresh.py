@@ -126,22 +126,30 @@ class Refresher:
         :meth:`base_frontier`) fails and the call is retried with the base table pinned at the newer of
         the two versions, which brings the lagging upstream forward instead of chasing the latest."""
         pin: dict[str, int] = {}
-        for attempt in range(1, CONSISTENCY_ATTEMPTS + 1):
+        conflicts = inconsistent = 0
+        while True:
             try:
-                return self._refresh_tree(name, set(), pin)
+                return self._refresh_tree(name, set(), pin, retry_conflicts=conflicts < CONFLICT_RETRIES)
+            except _WriteConflict:
+                # another writer committed to a stream table first (two processes refreshing it, or one
+                # populating it while another's scheduler picked it up): nothing of ours was committed, and
+                # the next attempt starts from the frontier the winner recorded
+                conflicts += 1
+                time.sleep(0.2 * conflicts)
             except _Inconsistent as e:
+                inconsistent += 1
                 pin = {e.path: e.version}
-                if attempt == CONSISTENCY_ATTEMPTS:
+                if inconsistent == CONSISTENCY_ATTEMPTS:
                     raise RefreshError(f"stream table {name}: upstream stream tables stayed inconsistent "
-                                       f"after {attempt} attempts ({e}); they are refreshed concurrently by "
-                                       "another process; retry later") from None
-        raise AssertionError("unreachable")
+                                       f"after {inconsistent} attempts ({e}); they are refreshed concurrently "
+                                       "by another process; retry later") from None
 
-    def _refresh_tree(self, name: str, seen: set[str], pin: dict[str, int]) -> RefreshResult:
+    def _refresh_tree(self, name: str, seen: set[str], pin: dict[str, int],
+                      retry_conflicts: bool = False) -> RefreshResult:
         d = self.catalog.get(name)
         for key, src in d.sources.items():
             if src.kind == "stream_table" and key not in seen:
-                self._refresh_tree(key, seen, pin)
+                self._refresh_tree(key, seen, pin, retry_conflicts)
                 seen.add(key)
         with self.lock(name):
             d = self.catalog.get(name)
@@ -152,6 +160,8 @@ class Refresher:
             except _Inconsistent:
                 raise
             except Exception as e:
+                if retry_conflicts and _is_write_conflict(e):
+                    raise _WriteConflict(_first_line(e)) from e
                 self._record_error(d, started, t0, e)
                 raise
 
@@ -417,6 +427,8 @@ class Refresher:
 
 
 #: How often one refresh call retries when upstream stream tables reflect different base versions.
+#: how often a refresh is retried after losing a commit race to another writer
+CONFLICT_RETRIES = 3
 CONSISTENCY_ATTEMPTS = 5
 
 
@@ -426,6 +438,21 @@ class _Inconsistent(Exception):
     def __init__(self, message: str, path: str, version: int) -> None:
         super().__init__(message)
         self.path, self.version = path, version
+
+
+class _WriteConflict(Exception):
+    """Delta refused our commit because another writer committed to the same table first."""
+
+
+#: Delta's optimistic-concurrency failures (io.delta.exceptions.*): the transaction did not commit
+_CONFLICTS = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
+              "ConcurrentTransactionException", "MetadataChangedException", "ProtocolChangedException",
+              "DELTA_CONCURRENT_", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED")
+
+
+def _is_write_conflict(e: BaseException) -> bool:
+    head = "\n".join(str(e).splitlines()[:3])
+    return any(c in head for c in _CONFLICTS)
 
 
 def _first_line(e: BaseException) -> str:
