@@ -1,6 +1,6 @@
 """The pg_stream SQL reference examples (seeds/001, "SQL Reference", lines ~548-912) as oracle tests: every
 example Spark SQL can express, written in Spark SQL over three shared random sources and maintained
-DIFFERENTIAL over >= 20 random change cycles.
+DIFFERENTIAL over random change cycles (``TRICKLE_SEED_CYCLES``, default 6: see :data:`CYCLES`).
 
 Packing (a refresh has a fixed cost of its own): the examples that group ``orders`` by region share one keyed
 stream table (``by_region``), the ones that group ``employees`` by department another (``by_dept``), and
@@ -55,7 +55,10 @@ from oracle import Col, Extreme, TableSpec, run_oracle
 from dvm.errors import QueryError, UnsupportedError
 from dvm.parser import compile_tree
 
-CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
+#: The examples are checked after every cycle like any oracle test, but over fewer cycles than the 20 of the
+#: construct oracles: each construct they use is proven over >= 20 cycles by its own module (docs/COVERAGE.md
+#: names it), and the examples' UNION ALL of two dozen queries is the most expensive refresh of the suite.
+CYCLES = int(os.environ.get("TRICKLE_SEED_CYCLES", "6"))
 
 ORDERS = TableSpec(
     "orders",
@@ -285,8 +288,8 @@ def test_seed_examples_are_spark_sql(spark: Any) -> None:
 
 
 def test_seed_examples_differential(spark: Any, st: Any) -> None:
-    """Every seed example the engine maintains equals its query after each of >= 20 random change
-    cycles, each refresh DIFFERENTIAL; the MIN / MAX salary rows are deleted or moved in many cycles."""
+    """Every seed example the engine maintains equals its query after each random change cycle, each
+    refresh DIFFERENTIAL; the MIN / MAX salary rows are deleted or moved in many cycles."""
     branches = maintained_branches()
     if not branches:
         pytest.fail("no seed example branch compiles")
