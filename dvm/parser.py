@@ -697,9 +697,7 @@ class _Builder:
                 mine = [c for c in conjs if reaches(c)]
                 filt = self.translate(exp.and_(*mine), senv) if mine else None
             mark = f"__trickle_lat_{self.fresh()}__"
-            t.set("this", exp.to_identifier(mark))
-            if not t.alias:
-                t.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+            rewrite.retarget(t, mark)
             out.append(InnerSource(scan, mark, filt))
         return out
 
@@ -1152,12 +1150,7 @@ def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect
         key = table_key(t)
         ph = placeholder_of.setdefault(key, f"__src{len(placeholder_of)}")
         keys[ph] = key
-        alias = t.alias_or_name
-        t.set("this", exp.to_identifier(ph))
-        t.set("db", None)
-        t.set("catalog", None)
-        if not t.alias:
-            t.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+        rewrite.retarget(t, ph)
     schema = {ph: {c: ty for c, ty in schemas[k]} for ph, k in keys.items()}
     rewrite.mark_merged_joins(tree)
     try:
@@ -1206,12 +1199,7 @@ def pin_sources(sql: str, from_items: Mapping[str, str], dialect: str = "spark")
             raise QueryError(f"unknown table {key}")
         mark = f"__trickle_pin_{len(marks)}__"
         marks[mark] = from_items[key]
-        alias = t.alias_or_name
-        t.set("this", exp.to_identifier(mark))
-        t.set("db", None)
-        t.set("catalog", None)
-        if not t.alias:
-            t.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+        rewrite.retarget(t, mark)
     tree = rewrite.expand_quantified(tree)  # Spark SQL cannot parse x op ANY/ALL (subquery)
     tree = rewrite.eliminate_qualify(tree)  # sqlglot's own would keep ORDER BY / LIMIT inside
     tree = rewrite.eliminate_distinct_on(tree)  # ... and drop the ORDER BY of a LIMIT

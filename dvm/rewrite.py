@@ -33,6 +33,18 @@ COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
 # --------------------------------------------------------------------------------------------------
 
 
+def retarget(t: exp.Table, name: str, db: str | None = None, catalog: str | None = None) -> None:
+    """Point the table reference ``t`` at ``[catalog.][db.]name`` (a placeholder, a mark replaced after
+    rendering, or a view's base table), keeping the name the query refers to it by as its alias so qualified
+    column references still resolve."""
+    alias = t.alias_or_name
+    t.set("this", exp.to_identifier(name))
+    t.set("db", exp.to_identifier(db) if db else None)
+    t.set("catalog", exp.to_identifier(catalog) if catalog else None)
+    if not t.alias:
+        t.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+
+
 def mark_merged_joins(tree: exp.Expression) -> None:
     """Before ``qualify``: remember which joins merge their key columns (USING, NATURAL)."""
     for j in tree.find_all(exp.Join):

@@ -19,6 +19,7 @@ from sqlglot import exp
 
 from dvm.errors import QueryError
 from dvm.parser import cte_names, parse, table_key
+from dvm.rewrite import retarget
 
 #: deepest nesting of views followed before giving up (Spark itself refuses cycles)
 MAX_DEPTH = 32
@@ -64,13 +65,9 @@ def _expand(tree: exp.Expression, inside: ViewDef | None, resolve: Resolver, inl
         target = resolve(key, inside)
         if isinstance(target, str):
             if target != key:  # a name inside a view, qualified by the view's namespace
-                alias = t.alias_or_name
                 parts = target.split(".")
-                t.set("this", exp.to_identifier(parts[-1]))
-                t.set("db", exp.to_identifier(parts[-2]) if len(parts) > 1 else None)
-                t.set("catalog", exp.to_identifier(parts[-3]) if len(parts) > 2 else None)
-                if not t.alias:
-                    t.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+                retarget(t, parts[-1], parts[-2] if len(parts) > 1 else None,
+                         parts[-3] if len(parts) > 2 else None)
                 changed = True
             continue
         view = target

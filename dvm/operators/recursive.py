@@ -80,6 +80,7 @@ from sqlglot import exp, parse_one
 from dvm.context import PREV, Context, Fixpoint, State, quote
 from dvm.operators.base import Node, W, col_list
 from dvm.operators.scan import Scan
+from dvm.rewrite import retarget
 
 _IDS = itertools.count(1)
 
@@ -184,12 +185,7 @@ class RecursiveCte(Node):
                 continue
             mark = f"__trickle_rec_{len(marks)}__"
             marks[mark] = item
-            alias = t.alias_or_name
-            t.set("this", exp.to_identifier(mark))
-            t.set("db", None)
-            t.set("catalog", None)
-            if not t.alias:
-                t.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+            retarget(t, mark)
         if extra is not None:
             assert isinstance(tree, exp.Select)
             tree.select(parse_one(extra, read="spark"), append=True, copy=False)
