@@ -338,6 +338,10 @@ class StreamTables:
         lines += ["", "delta SQL (every source changed between versions 1 and 2):",
                   _pretty(plan.merge_statement(f"delta.{quote(d.path)}", src or "SELECT NULL"))]
         for name, spec in ctx.fixpoints:
+            if spec.step is None:
+                lines += ["", f"{name}: materialised once before the MERGE (read by several parts of the delta):",
+                          _pretty(spec.seed)]
+                continue
             lines += ["", f"{name}: fixpoint over ({', '.join(spec.columns)}), evaluated before the MERGE "
                       f"(rounds until nothing new; {PREV} = the previous round's new rows)",
                       "  seed:", _pretty(spec.seed), "  step:", _pretty(spec.step)]

@@ -84,7 +84,8 @@ def run(session: Any, spec: Fixpoint, held: list[Any]) -> Any:
 
     def netted(sql: str) -> Any:
         """Rows of ``sql`` named by ``cols``; weighted: one row per tuple with its summed weight."""
-        df = session.sql(f"SELECT * FROM ({sql})").toDF(*cols)
+        df = session.sql(f"SELECT * FROM ({sql})")
+        df = df.toDF(*cols) if cols else df
         if not spec.weighted:
             return df
         df.createOrReplaceTempView("__trickle_round__")

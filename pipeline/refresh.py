@@ -289,7 +289,7 @@ class Refresher:
             only = (insert_only and before is not None and post[key] > before
                     and DeltaLog(self.spark, src.path).inserts_only_between(before, post[key]))
             refs[key] = SourceRef(src.path, post[key], before, src.mult_col, only)
-        return Context(refs, target_path=d.path)
+        return Context(refs, target_path=d.path, materialize_changes=True)
 
     @staticmethod
     def _needs_insert_only(plan: dvm.Plan | None) -> bool:

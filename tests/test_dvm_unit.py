@@ -146,6 +146,19 @@ def test_full_join_is_its_own_operator_and_using_keys_follow_the_merged_column()
     assert len(plan.root.cols) == 4 and "COALESCE" in plan.root.label()
 
 
+def test_materialised_change_windows_are_read_once_per_source() -> None:
+    """With ``materialize_changes`` (every refresh) a source's Change Data Feed window is one materialised
+    relation, however many places of the delta read it: the SQL names it, never ``table_changes``."""
+    plan = dvm.compile_query("SELECT a.x, b.y FROM a FULL JOIN b ON a.k = b.k UNION ALL "
+                             "SELECT a.x, c.z FROM a JOIN c ON a.k = c.k", JOIN_SCHEMAS)
+    ctx = Context({n: SourceRef(f"/w/{n}", 5, 4) for n in "abc"}, materialize_changes=True)
+    sql = plan.merge_source_sql(ctx, ["int", "int"])
+    assert sql is not None and "table_changes" not in sql
+    seeds = sorted(spec.seed for _, spec in ctx.fixpoints)
+    assert seeds == [f"SELECT * FROM table_changes_by_path('/w/{n}', 5, 5)" for n in "abc"]
+    assert all(spec.step is None and name in sql for name, spec in ctx.fixpoints)
+
+
 def test_nested_join_groups_and_semi_anti_join_syntax() -> None:
     labels = _labels("SELECT a.x, b.y, c.z FROM a FULL JOIN (b LEFT JOIN c ON b.k = c.k) ON a.k = b.k")
     assert [lb.split(" ")[0] for lb in labels] == ["Project", "FullJoin", "Scan", "LeftJoin", "Scan", "Scan"]
