@@ -310,7 +310,7 @@ class Refresher:
         with fixpoints.evaluated(self.spark, ctx):
             return delta_sink.merge(self.spark, d.path, src, lambda rows: plan.merge_statement(target, rows),
                                     record, interpreted=self.small(d, post),
-                                    conf=fixpoints.READ_CONF if ctx.fixpoints else None)
+                                    conf=fixpoints.read_conf(ctx))
 
     def small(self, d: StreamTableDef, post: dict[str, int]) -> bool:
         """Whether a differential refresh should run without code generation: when the tables it reads
