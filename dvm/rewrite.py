@@ -15,10 +15,13 @@
   QUALIFY and PostgreSQL's DISTINCT ON as plain window functions in a subquery with a WHERE on top (the
   window operator, :mod:`dvm.operators.window`, maintains them); the FULL path runs the same rewrites, so
   both read the query alike. :func:`check_limits` refuses ``FETCH ... WITH TIES`` / ``PERCENT``.
+* :func:`inlined_reads` — how many relations Spark plans for one table of a rendered delta query, once it
+  has inlined the CTEs (it inlines every deterministic one).
 """
 
 from __future__ import annotations
 
+import sqlglot
 from sqlglot import exp
 
 from dvm.errors import QueryError
@@ -392,3 +395,35 @@ def check_limits(tree: exp.Expression) -> None:
         if opts is not None and (opts.args.get("with_ties") or opts.args.get("percent")):
             raise QueryError(f"{f.sql()} is not supported (Spark has no WITH TIES / PERCENT); use ORDER BY ... "
                              "LIMIT n, or RANK() OVER (ORDER BY ...) <= n in an outer query to keep the ties")
+
+
+# --------------------------------------------------------------------------------------------------
+# Reads of a relation after CTE inlining
+# --------------------------------------------------------------------------------------------------
+
+
+def inlined_reads(sql: str, db: str, name: str) -> int:
+    """How often Spark's plan of ``sql`` reads the table ``db.name`` once CTEs are inlined: a reference in a
+    CTE counts as often as the CTE is itself read, scoped like SQL (a nested WITH sees the outer CTEs)."""
+
+    def count(node: exp.Expression, env: dict[str, int]) -> int:
+        if isinstance(node, exp.Table):
+            if node.name == name and node.db == db:
+                return 1
+            if not node.db and node.name in env:
+                return env[node.name]
+        with_ = node.args.get("with_")
+        if isinstance(with_, exp.With):
+            env = dict(env)
+            for cte in with_.expressions:
+                env[cte.alias] = count(cte.this, env)
+        total = 0
+        for key, value in node.args.items():
+            if key == "with_":
+                continue
+            for child in value if isinstance(value, list) else [value]:
+                if isinstance(child, exp.Expression):
+                    total += count(child, env)
+        return total
+
+    return count(sqlglot.parse_one(sql, read="spark"), {})

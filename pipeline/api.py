@@ -333,13 +333,14 @@ class StreamTables:
         ctx = self.refresher.context(d, pre, post)
         types = d.types if len(d.types) == len(plan.names) else ["string"] * len(plan.names)
         src = plan.merge_source_sql(ctx, types)
+        src = ctx.unshare_single_reads(src) if src is not None else None
         if ctx.notes:
             lines += ["", "rules chosen for this window:"] + [f"  - {n}" for n in ctx.notes]
         lines += ["", "delta SQL (every source changed between versions 1 and 2):",
                   _pretty(plan.merge_statement(f"delta.{quote(d.path)}", src or "SELECT NULL"))]
         for name, spec in ctx.fixpoints:
             if spec.step is None:
-                lines += ["", f"{name}: materialised once before the MERGE (read by several parts of the delta):",
+                lines += ["", f"{name}: materialised once before the MERGE (Spark would read it several times):",
                           _pretty(spec.seed)]
                 continue
             lines += ["", f"{name}: fixpoint over ({', '.join(spec.columns)}), evaluated before the MERGE "

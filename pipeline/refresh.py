@@ -301,6 +301,7 @@ class Refresher:
         assert plan is not None
         ctx = self.context(d, pre, post, self._needs_insert_only(plan))
         src = plan.merge_source_sql(ctx, d.types)
+        src = ctx.unshare_single_reads(src) if src is not None else None
         if ctx.notes:
             record["notes"] = list(ctx.notes)
         if src is None:

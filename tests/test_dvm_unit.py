@@ -159,6 +159,27 @@ def test_materialised_change_windows_are_read_once_per_source() -> None:
     assert all(spec.step is None and name in sql for name, spec in ctx.fixpoints)
 
 
+def test_change_windows_read_once_after_cte_inlining_are_not_materialised() -> None:
+    """Materialising costs a Spark job; it pays only where Spark would plan the window several times, which
+    a CTE read by several terms also causes. A window read once is put back in place."""
+    from dvm.rewrite import inlined_reads
+
+    sql = ("WITH x AS (SELECT * FROM global_temp.w1), y AS (SELECT * FROM x UNION ALL SELECT * FROM x) "
+           "SELECT * FROM y JOIN (WITH x AS (SELECT 1) SELECT * FROM x, global_temp.w2) ON TRUE")
+    assert inlined_reads(sql, "global_temp", "w1") == 2 and inlined_reads(sql, "global_temp", "w2") == 1
+    assert inlined_reads(sql, "global_temp", "w3") == 0
+    # a one-source filter reads its window once: no fixpoint left, the Change Data Feed read in place
+    plan = dvm.compile_query("SELECT a.x FROM a WHERE a.x > 1", JOIN_SCHEMAS)
+    ctx = Context({"a": SourceRef("/w/a", 5, 4)}, materialize_changes=True)
+    sql = ctx.unshare_single_reads(plan.merge_source_sql(ctx, ["int"]) or "")
+    assert ctx.fixpoints == [] and "table_changes_by_path('/w/a', 5, 5)" in sql
+    # the full join reads each window several times (terms over one shared delta): both stay materialised
+    plan = dvm.compile_query("SELECT a.x, b.y FROM a FULL JOIN b ON a.k = b.k", JOIN_SCHEMAS)
+    ctx = Context({n: SourceRef(f"/w/{n}", 5, 4) for n in "ab"}, materialize_changes=True)
+    sql = ctx.unshare_single_reads(plan.merge_source_sql(ctx, ["int", "int"]) or "")
+    assert len(ctx.fixpoints) == 2 and "table_changes" not in sql
+
+
 def test_nested_join_groups_and_semi_anti_join_syntax() -> None:
     labels = _labels("SELECT a.x, b.y, c.z FROM a FULL JOIN (b LEFT JOIN c ON b.k = c.k) ON a.k = b.k")
     assert [lb.split(" ")[0] for lb in labels] == ["Project", "FullJoin", "Scan", "LeftJoin", "Scan", "Scan"]
