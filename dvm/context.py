@@ -40,13 +40,17 @@ class SourceRef:
     #: every commit of the window only added rows (no Delta ``remove``/``cdc`` action): read from the log
     #: by the refresh executor when a rule can use it (recursive CTEs: semi-naive instead of counting/DRed)
     insert_only: bool = False
+    #: versions at which the source is small enough to be read once per refresh and held (see
+    #: :meth:`Context.table`); the refresh executor decides from Delta checksum files, no job needed
+    small_versions: frozenset[int] = frozenset()
 
     @property
     def changed(self) -> bool:
         return self.pre is not None and self.post != self.pre
 
 
-#: How a materialised change window's :class:`Fixpoint` reads it (see :meth:`Context.changes`).
+#: How a materialised source read (a change window or a small snapshot) is seeded: this prefix and the
+#: FROM item it stands for (see :meth:`Context.changes`, :meth:`Context.table`).
 WINDOW_SEED = "SELECT * FROM "
 
 #: In a :class:`Fixpoint`'s step query, the relation of the previous iteration's new tuples.
@@ -89,7 +93,8 @@ class Context:
     #: fixpoints the rendered SQL reads, in the order they must run (a later one may read an earlier one)
     fixpoints: list[tuple[str, Fixpoint]] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    #: read each change window once, materialised before the delta query runs (see :meth:`changes`)
+    #: read each change window (and each small snapshot) once, materialised before the delta query runs
+    #: (see :meth:`changes` and :meth:`table`)
     materialize_changes: bool = False
 
     def note(self, text: str) -> None:
@@ -107,9 +112,19 @@ class Context:
         return name
 
     def table(self, key: str, state: State) -> str:
+        """Source ``key`` at the pre or post frontier as a FROM item.
+
+        A snapshot in ``small_versions`` is read once per refresh and held, like a change window: a delta
+        rule reads the same snapshot in several places (both sides of a set operation, every branch of a
+        UNION ALL, each scalar subquery), and Spark plans each Delta scan on its own, with a file-filtering
+        job per distinct pushed filter. Holding a small table costs less than that; a large one is never
+        held (a differential refresh must not read a large source whole more often than its rule does)."""
         ref = self.sources[key]
         version = ref.post if state == "post" or ref.pre is None else ref.pre
-        return f"delta.{quote(ref.path)} VERSION AS OF {version}"
+        relation = f"delta.{quote(ref.path)} VERSION AS OF {version}"
+        if not self.materialize_changes or version not in ref.small_versions:
+            return relation
+        return self.fixpoint(Fixpoint([], f"{WINDOW_SEED}{relation}", None))
 
     def changes(self, key: str) -> str:
         """The change window of source ``key`` as a FROM item.
@@ -128,17 +143,22 @@ class Context:
         return self.fixpoint(Fixpoint([], f"{WINDOW_SEED}{window}", None))
 
     def unshare_single_reads(self, sql: str) -> str:
-        """``sql`` with every materialised change window that Spark would read only once put back in place
-        (and dropped from :attr:`fixpoints`): materialising it would cost a Spark job and save no planning
-        (one-source aggregate and filter tables, 1000 rows: one job and 0.2-0.6 s more per refresh)."""
-        from dvm.rewrite import inlined_reads  # sqlglot: only needed once a delta query is rendered
+        """``sql`` with every materialised source read (change window or small snapshot) that Spark would
+        read only once put back in place (and dropped from :attr:`fixpoints`): materialising it would cost a
+        Spark job and save no planning (one-source aggregate and filter tables, 1000 rows: one job and
+        0.2-0.6 s more per refresh)."""
+        from dvm.rewrite import inlined_read_counts  # sqlglot: only needed once a delta query is rendered
 
+        if not self.fixpoints:
+            return sql
+        reads = inlined_read_counts(sql)  # putting one read back leaves the others' counts as they are
         keep: list[tuple[str, Fixpoint]] = []
         for name, spec in self.fixpoints:
             ref = re.compile(re.escape(name) + r"\b")
             read_by_loop = any(ref.search(s.seed + (s.step or "")) for _, s in self.fixpoints if s is not spec)
-            window = spec.step is None and spec.seed.startswith(f"{WINDOW_SEED}table_changes_by_path(")
-            if window and not read_by_loop and inlined_reads(sql, *name.split(".", 1)) <= 1:
+            source_read = spec.step is None and spec.seed.startswith(
+                (f"{WINDOW_SEED}table_changes_by_path(", f"{WINDOW_SEED}delta.`"))
+            if source_read and not read_by_loop and reads[tuple(name.split(".", 1))] <= 1:
                 sql = ref.sub(spec.seed[len(WINDOW_SEED):], sql)
             else:
                 keep.append((name, spec))

@@ -340,7 +340,8 @@ class StreamTables:
                   _pretty(plan.merge_statement(f"delta.{quote(d.path)}", src or "SELECT NULL"))]
         for name, spec in ctx.fixpoints:
             if spec.step is None:
-                lines += ["", f"{name}: materialised once before the MERGE (Spark would read it several times):",
+                lines += ["", f"{name}: held once per refresh, filled by the first job reading it (Spark would "
+                          "read it several times):",
                           _pretty(spec.seed)]
                 continue
             lines += ["", f"{name}: fixpoint over ({', '.join(spec.columns)}), evaluated before the MERGE "

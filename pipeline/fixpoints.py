@@ -44,7 +44,7 @@ READ_CONF = {"spark.sql.constraintPropagation.enabled": "false"}
 
 def read_conf(ctx: Context) -> dict[str, str]:
     """Settings for a session that reads ``ctx``'s fixpoints: :data:`READ_CONF` when a loop result (a union
-    of checkpoints) is among them, nothing for change windows materialised once (one checkpoint each)."""
+    of checkpoints) is among them, nothing for source reads held once (one checkpoint each)."""
     return READ_CONF if any(spec.step is not None for _, spec in ctx.fixpoints) else {}
 
 
@@ -104,8 +104,10 @@ def run(session: Any, spec: Fixpoint, held: list[Any]) -> Any:
         return session.sql(f"SELECT {keys}, SUM({w}) AS {w} FROM __trickle_round__ GROUP BY {keys} "
                            f"HAVING SUM({w}) <> 0")
 
-    if spec.step is None:
-        return materialise(netted(spec.seed))[0]
+    if spec.step is None:  # filled by the first job that reads it: no job of its own
+        df = netted(spec.seed).localCheckpoint(eager=False)
+        held.append(df)
+        return df
     found, n = materialise(netted(spec.seed) if spec.weighted else netted(spec.seed).distinct())
     parts = [found]
     frontier = found

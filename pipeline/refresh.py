@@ -52,6 +52,9 @@ class RefreshResult:
 
 #: Spark conf: differential refreshes over less data than this many bytes run interpreted (no codegen).
 INTERPRETED_BELOW = "trickle.refresh.interpretedBelowBytes"
+#: Spark conf: a source snapshot a differential refresh reads is held once per refresh (instead of
+#: scanned at every place its delta rule reads it) when its data files total fewer bytes than this.
+HOLD_SNAPSHOTS_BELOW = "trickle.refresh.holdSnapshotsBelowBytes"
 #: Spark conf: strict mode (``true``) when the API / CLI leave it unset; see :meth:`Refresher.is_strict`.
 STRICT = "trickle.refresh.strict"
 
@@ -284,11 +287,17 @@ class Refresher:
         """The sources of one refresh. ``insert_only``: also find out, from each changed source's log, whether
         its window only inserted rows (rules that can use it ask for it: see :meth:`_needs_insert_only`)."""
         refs = {}
+        hold_below = int(self.spark.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
         for key, src in d.sources.items():
             before = None if pre is None else pre.get(key)
+            log = DeltaLog(self.spark, src.path)
             only = (insert_only and before is not None and post[key] > before
-                    and DeltaLog(self.spark, src.path).inserts_only_between(before, post[key]))
-            refs[key] = SourceRef(src.path, post[key], before, src.mult_col, only)
+                    and log.inserts_only_between(before, post[key]))
+            small: frozenset[int] = frozenset()
+            if before is not None and hold_below > 0:  # differential only: its SQL is unshared after rendering
+                small = frozenset(v for v in {before, post[key]}
+                                  if (size := log.table_size(v)) is not None and size < hold_below)
+            refs[key] = SourceRef(src.path, post[key], before, src.mult_col, only, small)
         return Context(refs, target_path=d.path, materialize_changes=True)
 
     @staticmethod

@@ -180,6 +180,26 @@ def test_change_windows_read_once_after_cte_inlining_are_not_materialised() -> N
     assert len(ctx.fixpoints) == 2 and "table_changes" not in sql
 
 
+def test_small_snapshots_are_held_once_and_single_reads_put_back() -> None:
+    """A snapshot in ``small_versions`` is read through one held relation wherever the delta reads it; a
+    large one (not in the set) stays a Delta time-travel scan; one read only once is put back in place."""
+    plan = dvm.compile_query("SELECT a.x, b.y FROM a FULL JOIN b ON a.k = b.k", JOIN_SCHEMAS)
+    refs = {"a": SourceRef("/w/a", 5, 4, small_versions=frozenset({4, 5})), "b": SourceRef("/w/b", 5, 4)}
+    ctx = Context(refs, materialize_changes=True)
+    sql = ctx.unshare_single_reads(plan.merge_source_sql(ctx, ["int", "int"]) or "")
+    held = {spec.seed: name for name, spec in ctx.fixpoints}
+    assert {"SELECT * FROM delta.`/w/a` VERSION AS OF 4", "SELECT * FROM delta.`/w/a` VERSION AS OF 5"} & set(held)
+    for version in (4, 5):  # every snapshot of a: held, or read in place at most once
+        seed = f"SELECT * FROM delta.`/w/a` VERSION AS OF {version}"
+        assert (seed in held and held[seed] in sql) or sql.count(f"delta.`/w/a` VERSION AS OF {version}") <= 1
+    assert not any("/w/b` VERSION" in seed for seed in held) and sql.count("delta.`/w/b` VERSION AS OF") >= 2
+    # a one-source filter reads its snapshot at most once: nothing is held
+    plan = dvm.compile_query("SELECT a.x FROM a WHERE a.x > 1", JOIN_SCHEMAS)
+    ctx = Context({"a": SourceRef("/w/a", 5, 4, small_versions=frozenset({4, 5}))}, materialize_changes=True)
+    sql = ctx.unshare_single_reads(plan.merge_source_sql(ctx, ["int"]) or "")
+    assert ctx.fixpoints == [] and "global_temp" not in sql
+
+
 def test_nested_join_groups_and_semi_anti_join_syntax() -> None:
     labels = _labels("SELECT a.x, b.y, c.z FROM a FULL JOIN (b LEFT JOIN c ON b.k = c.k) ON a.k = b.k")
     assert [lb.split(" ")[0] for lb in labels] == ["Project", "FullJoin", "Scan", "LeftJoin", "Scan", "Scan"]
