@@ -11,6 +11,7 @@ import os
 from collections import Counter
 from typing import Any
 
+import pytest
 from coverage_rows import Row
 from oracle import ChangeGenerator, Churn, Col, Extreme, TableSpec, compare_rows, run_oracle
 
@@ -187,6 +188,13 @@ def test_generator_mirrors_delta_and_cdf_shows_real_updates(spark: Any) -> None:
             seen["duplicate rows"] += sum(1 for c in rows.values() if c > 1)
     for feature in ("update", "key change", "set NULL", "delete", "insert", "duplicate rows"):
         assert seen[feature] > 0, f"generator never produced: {feature} ({dict(seen)})"
+    # the oracle reads sources as the model (``model_sql``) and relies on this check to prove it equal to Delta
+    gen.verify_contents()
+    orders = gen.sources["orders"]
+    rid = next(iter(orders.rows))
+    orders.rows[rid] = (orders.rows[rid][0] + 1000, *orders.rows[rid][1:])
+    with pytest.raises(AssertionError, match="model differs from the Delta table"):
+        gen.verify_contents()
 
 
 # --------------------------------------------------------------------------------------------------
