@@ -786,7 +786,8 @@ def run_oracle(
     oracle_queries: Mapping[str, str] | None = None,
 ) -> dict[str, Counter[str]]:
     """Create sources and stream tables, then change/refresh/compare until every table saw ``cycles``
-    DIFFERENTIAL refreshes (or ``cycles + max_extra_cycles`` cycles ran).
+    DIFFERENTIAL refreshes (or ``cycles + max_extra_cycles`` cycles ran); a table that saw them is left
+    alone from then on unless a table still short of them reads it.
 
     Checked per refresh: the action (DIFFERENTIAL iff a source it depends on got a commit, else
     NO_DATA; an upstream already refreshed by a downstream's cascade must then be NO_DATA and its
@@ -893,6 +894,12 @@ def run_oracle(
         alive = [n for n in queries if n not in failures and not (deps[n] & set(failures))]
         if not alive or all(productive(n) >= cycles for n in alive if bases[n]):
             break
+        # A table that saw its ``cycles`` refreshes leaves the loop (the others' extra cycles would only
+        # refresh and compare it again), unless a table still short of them reads it.
+        needed = {n for n in alive if not bases[n] or productive(n) < cycles}
+        while grown := {u for n in needed for u in deps[n] if u in alive} - needed:
+            needed |= grown
+        alive = [n for n in alive if n in needed]
         cycle += 1
         t0 = time.time()
         changed = gen.cycle(empty=(cycle == empty_cycle))
