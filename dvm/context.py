@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -40,9 +41,10 @@ class SourceRef:
     #: every commit of the window only added rows (no Delta ``remove``/``cdc`` action): read from the log
     #: by the refresh executor when a rule can use it (recursive CTEs: semi-naive instead of counting/DRed)
     insert_only: bool = False
-    #: versions at which the source is small enough to be read once per refresh and held (see
-    #: :meth:`Context.table`); the refresh executor decides from Delta checksum files, no job needed
-    small_versions: frozenset[int] = frozenset()
+    #: bytes of the source's data files at the versions a differential refresh reads (version -> bytes), from
+    #: Delta checksum files (no job); a version missing here has no checksum. Decides holding (see
+    #: :meth:`Context.table`) and code generation (the refresh executor).
+    sizes: Mapping[int, int] = field(default_factory=dict, hash=False)
 
     @property
     def changed(self) -> bool:
@@ -51,7 +53,7 @@ class SourceRef:
 
 #: How a materialised source read (a change window or a small snapshot) is seeded: this prefix and the
 #: FROM item it stands for (see :meth:`Context.changes`, :meth:`Context.table`).
-WINDOW_SEED = "SELECT * FROM "
+HELD_SEED = "SELECT * FROM "
 
 #: In a :class:`Fixpoint`'s step query, the relation of the previous iteration's new tuples.
 PREV = "__trickle_prev__"
@@ -93,9 +95,10 @@ class Context:
     #: fixpoints the rendered SQL reads, in the order they must run (a later one may read an earlier one)
     fixpoints: list[tuple[str, Fixpoint]] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    #: read each change window (and each small snapshot) once, materialised before the delta query runs
+    #: read each change window (and each snapshot under ``hold_below`` bytes) once, held for the delta query
     #: (see :meth:`changes` and :meth:`table`)
     materialize_changes: bool = False
+    hold_below: int = 0
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -114,7 +117,7 @@ class Context:
     def table(self, key: str, state: State) -> str:
         """Source ``key`` at the pre or post frontier as a FROM item.
 
-        A snapshot in ``small_versions`` is read once per refresh and held, like a change window: a delta
+        A snapshot smaller than ``hold_below`` bytes is read once per refresh and held, like a change window: a delta
         rule reads the same snapshot in several places (both sides of a set operation, every branch of a
         UNION ALL, each scalar subquery), and Spark plans each Delta scan on its own, with a file-filtering
         job per distinct pushed filter. Holding a small table costs less than that; a large one is never
@@ -122,9 +125,10 @@ class Context:
         ref = self.sources[key]
         version = ref.post if state == "post" or ref.pre is None else ref.pre
         relation = f"delta.{quote(ref.path)} VERSION AS OF {version}"
-        if not self.materialize_changes or version not in ref.small_versions:
+        size = ref.sizes.get(version)
+        if not self.materialize_changes or size is None or size >= self.hold_below:
             return relation
-        return self.fixpoint(Fixpoint([], f"{WINDOW_SEED}{relation}", None))
+        return self.fixpoint(Fixpoint([], f"{HELD_SEED}{relation}", None))
 
     def changes(self, key: str) -> str:
         """The change window of source ``key`` as a FROM item.
@@ -140,13 +144,13 @@ class Context:
         window = f"table_changes_by_path({sql_string(ref.path)}, {ref.pre + 1}, {ref.post})"
         if not self.materialize_changes:
             return window
-        return self.fixpoint(Fixpoint([], f"{WINDOW_SEED}{window}", None))
+        return self.fixpoint(Fixpoint([], f"{HELD_SEED}{window}", None))
 
     def unshare_single_reads(self, sql: str) -> str:
-        """``sql`` with every materialised source read (change window or small snapshot) that Spark would
-        read only once put back in place (and dropped from :attr:`fixpoints`): materialising it would cost a
-        Spark job and save no planning (one-source aggregate and filter tables, 1000 rows: one job and
-        0.2-0.6 s more per refresh)."""
+        """``sql`` with every held source read (change window or small snapshot) that Spark would read only
+        once put back in place (and dropped from :attr:`fixpoints`): holding it would cost a plan of its own
+        and the held blocks, and save nothing (measured when a held read still had a count job of its own,
+        on one-source aggregate and filter tables over 1000 rows: one job and 0.2-0.6 s more per refresh)."""
         from dvm.rewrite import inlined_read_counts  # sqlglot: only needed once a delta query is rendered
 
         if not self.fixpoints:
@@ -157,9 +161,9 @@ class Context:
             ref = re.compile(re.escape(name) + r"\b")
             read_by_loop = any(ref.search(s.seed + (s.step or "")) for _, s in self.fixpoints if s is not spec)
             source_read = spec.step is None and spec.seed.startswith(
-                (f"{WINDOW_SEED}table_changes_by_path(", f"{WINDOW_SEED}delta.`"))
+                (f"{HELD_SEED}table_changes_by_path(", f"{HELD_SEED}delta.`"))
             if source_read and not read_by_loop and reads[tuple(name.split(".", 1))] <= 1:
-                sql = ref.sub(spec.seed[len(WINDOW_SEED):], sql)
+                sql = ref.sub(spec.seed[len(HELD_SEED):], sql)
             else:
                 keep.append((name, spec))
         self.fixpoints[:] = keep

@@ -15,8 +15,8 @@
   QUALIFY and PostgreSQL's DISTINCT ON as plain window functions in a subquery with a WHERE on top (the
   window operator, :mod:`dvm.operators.window`, maintains them); the FULL path runs the same rewrites, so
   both read the query alike. :func:`check_limits` refuses ``FETCH ... WITH TIES`` / ``PERCENT``.
-* :func:`inlined_reads` — how many relations Spark plans for one table of a rendered delta query, once it
-  has inlined the CTEs (it inlines every deterministic one).
+* :func:`inlined_read_counts` — how many relations Spark plans for each table of a rendered delta query,
+  once it has inlined the CTEs (it inlines every deterministic one).
 """
 
 from __future__ import annotations
@@ -404,15 +404,11 @@ def check_limits(tree: exp.Expression) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def inlined_reads(sql: str, db: str, name: str) -> int:
-    """How often Spark's plan of ``sql`` reads the table ``db.name`` once CTEs are inlined: a reference in a
-    CTE counts as often as the CTE is itself read, scoped like SQL (a nested WITH sees the outer CTEs)."""
-    return inlined_read_counts(sql)[(db, name)]
-
-
 def inlined_read_counts(sql: str) -> Counter[tuple[str, str]]:
-    """:func:`inlined_reads` of every qualified table of ``sql`` at once: one parse of a delta query that
-    can be tens of kilobytes long (parsing it once per table cost 0.1 s each, per refresh)."""
+    """How often Spark's plan of ``sql`` reads each qualified table ``(db, name)`` once CTEs are inlined: a
+    reference in a CTE counts as often as the CTE is itself read, scoped like SQL (a nested WITH sees the
+    outer CTEs). All tables in one parse: a delta query can be tens of kilobytes long (parsing it once per
+    table cost 0.1 s each, per refresh)."""
 
     def count(node: exp.Expression, env: dict[str, Counter[tuple[str, str]]], acc: Counter[tuple[str, str]]) -> None:
         if isinstance(node, exp.Table):

@@ -287,18 +287,17 @@ class Refresher:
         """The sources of one refresh. ``insert_only``: also find out, from each changed source's log, whether
         its window only inserted rows (rules that can use it ask for it: see :meth:`_needs_insert_only`)."""
         refs = {}
-        hold_below = int(self.spark.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
         for key, src in d.sources.items():
             before = None if pre is None else pre.get(key)
             log = DeltaLog(self.spark, src.path)
             only = (insert_only and before is not None and post[key] > before
                     and log.inserts_only_between(before, post[key]))
-            small: frozenset[int] = frozenset()
-            if before is not None and hold_below > 0:  # differential only: its SQL is unshared after rendering
-                small = frozenset(v for v in {before, post[key]}
-                                  if (size := log.table_size(v)) is not None and size < hold_below)
-            refs[key] = SourceRef(src.path, post[key], before, src.mult_col, only, small)
-        return Context(refs, target_path=d.path, materialize_changes=True)
+            sizes: dict[int, int] = {}
+            if before is not None:  # differential only: its SQL is unshared after rendering (see Context.table)
+                sizes = {v: size for v in {before, post[key]} if (size := log.table_size(v)) is not None}
+            refs[key] = SourceRef(src.path, post[key], before, src.mult_col, only, sizes)
+        hold_below = int(self.spark.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
+        return Context(refs, target_path=d.path, materialize_changes=True, hold_below=hold_below)
 
     @staticmethod
     def _needs_insert_only(plan: dvm.Plan | None) -> bool:
@@ -319,26 +318,25 @@ class Refresher:
         target = f"delta.{quote(d.path)}"
         with fixpoints.evaluated(self.spark, ctx):
             return delta_sink.merge(self.spark, d.path, src, lambda rows: plan.merge_statement(target, rows),
-                                    record, interpreted=self.small(d, post),
+                                    record, interpreted=self.small(d, ctx),
                                     conf=fixpoints.read_conf(ctx))
 
-    def small(self, d: StreamTableDef, post: dict[str, int]) -> bool:
+    def small(self, d: StreamTableDef, ctx: Context) -> bool:
         """Whether a differential refresh should run without code generation: when the tables it reads
-        (sources at ``post`` and the stream table itself) hold fewer bytes *together* than
+        (sources at the post frontier and the stream table itself) hold fewer bytes *together* than
         ``trickle.refresh.interpretedBelowBytes`` (default 64 MiB; 0 disables). Sizes come from Delta
-        checksum files, so deciding costs no job; a table without one keeps code generation on."""
+        checksum files (the sources' were read by :meth:`context`), so deciding costs no job; a table
+        without one keeps code generation on."""
         limit = int(self.spark.conf.get(INTERPRETED_BELOW, str(64 << 20)))
         if limit <= 0:
             return False
-        reads = [(src.path, post[key]) for key, src in d.sources.items()]
-        reads.append((d.path, DeltaLog(self.spark, d.path).latest_version()))
-        total = 0
-        for path, version in reads:
-            size = DeltaLog(self.spark, path).table_size(version) if version is not None else None
-            if size is None:
-                return False
-            total += size
-        return total < limit
+        target = DeltaLog(self.spark, d.path)
+        version = target.latest_version()
+        sizes = [ref.sizes.get(ref.post) for ref in ctx.sources.values()]
+        sizes.append(target.table_size(version) if version is not None else None)
+        if any(size is None for size in sizes):
+            return False
+        return sum(sizes) < limit  # type: ignore[arg-type]
 
     def full_sql(self, d: StreamTableDef, post: dict[str, int], ctx: Context | None = None) -> str:
         """The stream table's rows at ``post``. Fixpoints it reads are registered in ``ctx`` (see

@@ -162,12 +162,13 @@ def test_materialised_change_windows_are_read_once_per_source() -> None:
 def test_change_windows_read_once_after_cte_inlining_are_not_materialised() -> None:
     """Materialising costs a Spark job; it pays only where Spark would plan the window several times, which
     a CTE read by several terms also causes. A window read once is put back in place."""
-    from dvm.rewrite import inlined_reads
+    from dvm.rewrite import inlined_read_counts
 
     sql = ("WITH x AS (SELECT * FROM global_temp.w1), y AS (SELECT * FROM x UNION ALL SELECT * FROM x) "
            "SELECT * FROM y JOIN (WITH x AS (SELECT 1) SELECT * FROM x, global_temp.w2) ON TRUE")
-    assert inlined_reads(sql, "global_temp", "w1") == 2 and inlined_reads(sql, "global_temp", "w2") == 1
-    assert inlined_reads(sql, "global_temp", "w3") == 0
+    reads = inlined_read_counts(sql)
+    assert reads[("global_temp", "w1")] == 2 and reads[("global_temp", "w2")] == 1
+    assert reads[("global_temp", "w3")] == 0
     # a one-source filter reads its window once: no fixpoint left, the Change Data Feed read in place
     plan = dvm.compile_query("SELECT a.x FROM a WHERE a.x > 1", JOIN_SCHEMAS)
     ctx = Context({"a": SourceRef("/w/a", 5, 4)}, materialize_changes=True)
@@ -181,11 +182,11 @@ def test_change_windows_read_once_after_cte_inlining_are_not_materialised() -> N
 
 
 def test_small_snapshots_are_held_once_and_single_reads_put_back() -> None:
-    """A snapshot in ``small_versions`` is read through one held relation wherever the delta reads it; a
-    large one (not in the set) stays a Delta time-travel scan; one read only once is put back in place."""
+    """A snapshot under ``hold_below`` bytes is read through one held relation wherever the delta reads it; a
+    large one, or one without a known size, stays a Delta time-travel scan; one read only once is put back."""
     plan = dvm.compile_query("SELECT a.x, b.y FROM a FULL JOIN b ON a.k = b.k", JOIN_SCHEMAS)
-    refs = {"a": SourceRef("/w/a", 5, 4, small_versions=frozenset({4, 5})), "b": SourceRef("/w/b", 5, 4)}
-    ctx = Context(refs, materialize_changes=True)
+    refs = {"a": SourceRef("/w/a", 5, 4, sizes={4: 900, 5: 1000}), "b": SourceRef("/w/b", 5, 4, sizes={4: 5000})}
+    ctx = Context(refs, materialize_changes=True, hold_below=4096)
     sql = ctx.unshare_single_reads(plan.merge_source_sql(ctx, ["int", "int"]) or "")
     held = {spec.seed: name for name, spec in ctx.fixpoints}
     assert {"SELECT * FROM delta.`/w/a` VERSION AS OF 4", "SELECT * FROM delta.`/w/a` VERSION AS OF 5"} & set(held)
@@ -195,7 +196,7 @@ def test_small_snapshots_are_held_once_and_single_reads_put_back() -> None:
     assert not any("/w/b` VERSION" in seed for seed in held) and sql.count("delta.`/w/b` VERSION AS OF") >= 2
     # a one-source filter reads its snapshot at most once: nothing is held
     plan = dvm.compile_query("SELECT a.x FROM a WHERE a.x > 1", JOIN_SCHEMAS)
-    ctx = Context({"a": SourceRef("/w/a", 5, 4, small_versions=frozenset({4, 5}))}, materialize_changes=True)
+    ctx = Context({"a": SourceRef("/w/a", 5, 4, sizes={4: 900, 5: 1000})}, materialize_changes=True, hold_below=4096)
     sql = ctx.unshare_single_reads(plan.merge_source_sql(ctx, ["int"]) or "")
     assert ctx.fixpoints == [] and "global_temp" not in sql
 
