@@ -19,6 +19,7 @@ from sqlglot.optimizer.qualify import qualify
 import dvm.operators.aggregates as aggregates
 from dvm import rewrite
 from dvm.context import quote
+from dvm.dialect import SPARK, dialect_of
 from dvm.errors import QueryError, UnsupportedError
 from dvm.operators import (
     AggCall,
@@ -74,7 +75,7 @@ def table_key(table: exp.Table) -> str:
 
 def parse(sql: str, dialect: str = "spark") -> exp.Expression:
     try:
-        statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
+        statements = [s for s in sqlglot.parse(sql, read=dialect_of(dialect)) if s is not None]
     except ParseError as e:
         raise QueryError(f"invalid SQL: {e}") from None
     if len(statements) != 1:
@@ -198,12 +199,12 @@ def reject_unsafe(node: exp.Expression) -> None:
     """Constructs no refresh can keep equal to the query, wherever they stand: random or clock-dependent
     functions, TABLESAMPLE, LIMIT / OFFSET without ORDER BY (arbitrary rows)."""
     if isinstance(node, VOLATILE_EXP) or (isinstance(node, exp.Func) and function_name(node) in VOLATILE):
-        name = node.sql("spark").split("(")[0].lower()
+        name = node.sql(SPARK).split("(")[0].lower()
         raise UnsupportedError("volatile function", f"non-deterministic function {name}() gives a "
                                "different value at every evaluation, so its deltas do not add up; "
                                "compute it in the source table, or use refresh_mode='FULL'")
     if isinstance(node, CLOCK_EXP) or (isinstance(node, exp.Func) and function_name(node) in CLOCK):
-        name = node.sql("spark").split("(")[0].lower()
+        name = node.sql(SPARK).split("(")[0].lower()
         raise UnsupportedError("volatile function", f"{name}() is fixed within one refresh but differs between "
                                "refreshes, so rows computed by earlier refreshes would keep their old value "
                                "(and nothing is recomputed while the sources do not change); store the time in "
@@ -245,7 +246,7 @@ def reject_order_dependent(node: exp.Expression) -> None:
     deterministic_mode = isinstance(node, exp.Mode) and any(
         isinstance(a, exp.Boolean) and a.this is True for a in node.iter_expressions())
     if isinstance(node, ORDER_DEPENDENT) and not sorted_list and not deterministic_mode:
-        name = node.sql("spark").split("(")[0].lower()
+        name = node.sql(SPARK).split("(")[0].lower()
         raise UnsupportedError("order-dependent aggregate", f"{name}() inside a LATERAL subquery depends on the "
                                "order Spark reads rows in, and a left row's result is recomputed whenever a "
                                "change reaches it, so it could differ from the stored one; use "
@@ -302,7 +303,7 @@ def reject_unsupported(tree: exp.Expression, columns: set[str] | None = None) ->
         ):
             pred = rewrite.predicate_of(node)
             if pred is None or not rewrite.in_where_position(pred):
-                raise UnsupportedError("subquery predicate", f"subquery predicate {node.sql('spark')[:80]} is "
+                raise UnsupportedError("subquery predicate", f"subquery predicate {node.sql(SPARK)[:80]} is "
                                        "maintained differentially only in a WHERE clause, combined with AND / "
                                        "OR / NOT (not in SELECT, ON, HAVING or inside other expressions); "
                                        "move it there or use refresh_mode='FULL' or AUTO")
@@ -312,16 +313,16 @@ def reject_unsupported(tree: exp.Expression, columns: set[str] | None = None) ->
             continue  # evaluated by its window (partition recompute): any deterministic function works
         if (isinstance(node, exp.AggFunc) and type(node) not in AGG_FUNCS
                 and not isinstance(node, aggregates.GROUPING_FUNCS)):
-            raise aggregates.unsupported(f"aggregate {node.key}", node.sql("spark")[:60],
+            raise aggregates.unsupported(f"aggregate {node.key}", node.sql(SPARK)[:60],
                                          aggregates.HINTS.get(type(node), ""))
         if isinstance(node, exp.Anonymous) and node.name.lower() in aggregates.UNTYPED_AGGREGATES:
-            raise aggregates.unsupported(f"aggregate {node.name.lower()}", node.sql("spark")[:60])
+            raise aggregates.unsupported(f"aggregate {node.name.lower()}", node.sql(SPARK)[:60])
         if isinstance(node, exp.WithinGroup):
             raise aggregates.unsupported(f"aggregate {node.this.key}", aggregates.shown(node),
                                          aggregates.HINTS.get(type(node.this), "WITHIN GROUP is supported "
                                                               "for STRING_AGG / LISTAGG only"))
         if isinstance(node, exp.Filter):  # left over by aggregates.normalize: not on a maintained aggregate
-            raise UnsupportedError("aggregate FILTER", f"FILTER on {node.this.sql('spark')[:60]} is not "
+            raise UnsupportedError("aggregate FILTER", f"FILTER on {node.this.sql(SPARK)[:60]} is not "
                                    "maintained differentially; use CASE WHEN inside the aggregate")
         if isinstance(node, exp.Join):
             side, kind = (node.side or "").upper(), (node.kind or "").upper()
@@ -337,10 +338,10 @@ def check_window_position(w: exp.Window) -> None:
     n: exp.Expression = w
     while n.parent is not None and not isinstance(n.parent, (exp.Select, exp.Union)):
         if isinstance(n.parent, exp.Window):
-            raise QueryError(f"nested window function {n.parent.sql('spark')[:80]}")
+            raise QueryError(f"nested window function {n.parent.sql(SPARK)[:80]}")
         n = n.parent
     if n.arg_key not in ("expressions", "order"):
-        raise QueryError(f"window function {w.sql('spark')[:80]} is allowed only in the SELECT list, ORDER BY "
+        raise QueryError(f"window function {w.sql(SPARK)[:80]} is allowed only in the SELECT list, ORDER BY "
                          "or QUALIFY (filter on it in an outer query: SELECT * FROM (SELECT ..., "
                          "ROW_NUMBER() OVER (...) AS rn FROM t) WHERE rn <= 3)")
 
@@ -358,7 +359,7 @@ def limit_of(q: exp.Expression) -> tuple[int | None, int] | None:
         if e is None and isinstance(node, exp.Fetch):
             return 1  # FETCH FIRST ROW ONLY
         if not (isinstance(e, exp.Literal) and e.is_int) or int(e.name) < 0:
-            raise UnsupportedError(what, f"{what} {e.sql('spark') if e is not None else ''} must be a "
+            raise UnsupportedError(what, f"{what} {e.sql(SPARK) if e is not None else ''} must be a "
                                    "non-negative integer literal to be maintained differentially; write the "
                                    "number instead, or use refresh_mode='FULL'")
         return int(e.name)
@@ -427,7 +428,7 @@ class _Builder:
                 if isinstance(k, exp.Literal) and k.is_int and 0 < int(k.name) <= len(names):
                     idx = int(k.name) - 1
                 if idx is None:
-                    raise UnsupportedError("ORDER BY", f"ORDER BY {k.sql('spark')} of a {q.key.upper()} must name an output "
+                    raise UnsupportedError("ORDER BY", f"ORDER BY {k.sql(SPARK)} of a {q.key.upper()} must name an output "
                                            "column (or its position)")
                 keys.append(self._ordered(o, node.cols[idx]))
             node = TopK(node, keys, bounds[0], bounds[1], self.tie_cols(node))
@@ -457,7 +458,7 @@ class _Builder:
         def pull(n: exp.Expression) -> exp.Expression:
             if not isinstance(n, exp.Window):
                 return n
-            sql = n.sql("spark")
+            sql = n.sql(SPARK)
             if sql not in by_sql:
                 by_sql[sql] = self.fresh()
                 funcs.append((by_sql[sql], n.copy()))
@@ -483,10 +484,10 @@ class _Builder:
                 idx = next((i for i, n in enumerate(names) if n.lower() == k.name.lower()), None)
             if idx is None:
                 t = tr(k)  # type: ignore[operator]
-                idx = next((i for i, (_, e) in enumerate(items) if e.sql("spark") == t.sql("spark")), None)
+                idx = next((i for i, (_, e) in enumerate(items) if e.sql(SPARK) == t.sql(SPARK)), None)
                 if idx is None:
                     if distinct:
-                        raise QueryError(f"ORDER BY {k.sql('spark')} of a SELECT DISTINCT must be one of the "
+                        raise QueryError(f"ORDER BY {k.sql(SPARK)} of a SELECT DISTINCT must be one of the "
                                          "selected columns")
                     items.append((self.fresh(), t))
                     idx = len(items) - 1
@@ -543,7 +544,7 @@ class _Builder:
         gens = [e for e in selects if is_generator(unalias(e))]
         if len(gens) > 1:
             raise QueryError(f"only one generator is allowed per SELECT, found {len(gens)}: "
-                             f"{', '.join(g.sql('spark')[:40] for g in gens)}")
+                             f"{', '.join(g.sql(SPARK)[:40] for g in gens)}")
         items: list[tuple[str, exp.Expression]] = []
         names: list[str] = []
         for e in selects:
@@ -579,7 +580,7 @@ class _Builder:
             return [x.name for x in e.expressions]
         defaults = generator_defaults(unalias(e))
         if defaults is None:
-            raise UnsupportedError("generator", f"cannot tell how many columns {e.sql('spark')[:60]} returns; "
+            raise UnsupportedError("generator", f"cannot tell how many columns {e.sql(SPARK)[:60]} returns; "
                                    "name them, e.g. posexplode(arr) AS (pos, x), or use LATERAL VIEW ... t AS "
                                    "pos, x")
         if isinstance(e, exp.Alias) and len(defaults) == 1:
@@ -592,7 +593,7 @@ class _Builder:
         alias = lat.args.get("alias")
         cols = [c.name for c in alias.columns] if alias is not None else []
         if not cols:
-            raise UnsupportedError("LATERAL VIEW", f"name the columns of {lat.sql('spark')[:60]}: LATERAL VIEW "
+            raise UnsupportedError("LATERAL VIEW", f"name the columns of {lat.sql(SPARK)[:60]}: LATERAL VIEW "
                                    "explode(arr) t AS x (posexplode: AS pos, x); the defaults depend on types "
                                    "the query does not show")
         out = [self.fresh() for _ in cols]
@@ -625,10 +626,10 @@ class _Builder:
             tie_break(body)
         elif isinstance(item, exp.Func):
             if not names:
-                raise UnsupportedError("LATERAL", f"name the columns of {lat.sql('spark')[:60]}: LATERAL "
+                raise UnsupportedError("LATERAL", f"name the columns of {lat.sql(SPARK)[:60]}: LATERAL "
                                        "explode(arr) AS t(x)")
         else:
-            raise UnsupportedError("LATERAL", f"LATERAL {item.sql('spark')[:60]} is not supported; use a "
+            raise UnsupportedError("LATERAL", f"LATERAL {item.sql(SPARK)[:60]} is not supported; use a "
                                    "subquery or a table function")
         inner = self.inner_sources(item, env)
         item = self.outer_refs(item, env)
@@ -677,7 +678,7 @@ class _Builder:
             name = t.name.lower()
             if name not in self.keys:
                 if not t.db and name not in {c.alias_or_name.lower() for c in item.find_all(exp.CTE)}:
-                    raise QueryError(f"unknown table {t.sql('spark')} in a LATERAL item")
+                    raise QueryError(f"unknown table {t.sql(SPARK)} in a LATERAL item")
                 continue
             key = self.keys[name]
             alias = t.alias_or_name.lower()
@@ -709,7 +710,7 @@ class _Builder:
             if isinstance(n, exp.Column) and n.table and n.table.lower() not in local:
                 key = (n.table.lower(), n.name.lower())
                 if key not in env:
-                    raise QueryError(f"unknown column {n.sql('spark')}")
+                    raise QueryError(f"unknown column {n.sql(SPARK)}")
                 return exp.column(env[key], table=LEFT, quoted=True)
             return n
 
@@ -808,14 +809,14 @@ class _Builder:
             xs = pred.this.expressions if isinstance(pred.this, exp.Tuple) else [pred.this]
             if len(xs) != len(ys):
                 raise QueryError(f"IN compares {len(xs)} value(s) with a subquery of {len(ys)} column(s): "
-                                 f"{pred.sql('spark')[:80]}")
+                                 f"{pred.sql(SPARK)[:80]}")
             match = exp.and_(*[exp.EQ(this=self.translate(x, env), expression=y) for x, y in zip(xs, ys, strict=True)])
             quant = "any"
         else:
             q = pred.expression
             right, corr, ys = self.correlated(q.this, env, ctes, want_select=True)
             if len(ys) != 1:
-                raise QueryError(f"a quantified comparison needs a one-column subquery: {pred.sql('spark')[:80]}")
+                raise QueryError(f"a quantified comparison needs a one-column subquery: {pred.sql(SPARK)[:80]}")
             match = exp.Paren(this=type(pred)(this=self.translate(pred.this, env), expression=ys[0]))
             quant = "all" if isinstance(q, exp.All) else "any"
         if quant == "exists":
@@ -855,7 +856,7 @@ class _Builder:
         for j in q.args.get("joins") or []:
             if j.args.get("on") is not None and refs_outer(j.args["on"]):
                 raise UnsupportedError("correlated subquery", "a correlation inside the ON clause of a "
-                                       f"subquery ({j.args['on'].sql('spark')[:60]}) is not supported; move it "
+                                       f"subquery ({j.args['on'].sql(SPARK)[:60]}) is not supported; move it "
                                        "to the subquery's WHERE clause or use refresh_mode='FULL' or AUTO")
         node, inner_env = self.from_item(from_.this, ctes, used)
         node, inner_env = self.joins(node, inner_env, q.args.get("joins") or [], ctes, used)
@@ -867,7 +868,7 @@ class _Builder:
                 local.append(c)
             elif rewrite.has_subquery_predicate(c):
                 raise UnsupportedError("correlated subquery", "a correlated condition that holds another "
-                                       f"subquery predicate ({c.sql('spark')[:60]}) is not maintained "
+                                       f"subquery predicate ({c.sql(SPARK)[:60]}) is not maintained "
                                        "differentially; use refresh_mode='FULL' or AUTO")
             else:
                 corr.append(c)
@@ -900,7 +901,7 @@ class _Builder:
                     return node, {(alias, n.lower()): c for n, c in zip(names, node.cols, strict=True)}
                 ref = self.cte_ref(name, ctes)
                 return ref, {(alias, n.lower()): c for n, c in zip(ref.shared.names, ref.cols, strict=True)}
-            raise QueryError(f"unknown table {item.sql('spark')}")
+            raise QueryError(f"unknown table {item.sql(SPARK)}")
         if isinstance(item, exp.Subquery) and isinstance(item.this, exp.Table) and item.this.args.get("joins"):
             # a parenthesised join, ``a FULL JOIN (b LEFT JOIN c ON ...) ON ...``: same scope, nested tree
             first = item.this.copy()
@@ -910,7 +911,7 @@ class _Builder:
         if isinstance(item, exp.Subquery):
             node, names = self.query(item.this, ctes)
             return node, {(alias, n.lower()): c for n, c in zip(names, node.cols, strict=True)}
-        raise UnsupportedError(item.key, f"{item.sql('spark')[:60]} is not supported in FROM yet")
+        raise UnsupportedError(item.key, f"{item.sql(SPARK)[:60]} is not supported in FROM yet")
 
     def cte_ref(self, name: str, ctes: dict[str, exp.Expression]) -> CteRef:
         """A reference to the CTE ``name``: its body is built once, at the first reference, and shared by
@@ -1015,7 +1016,7 @@ class _Builder:
             if isinstance(n, exp.Column) and not isinstance(n.this, exp.Star):
                 key = (n.table.lower(), n.name.lower())
                 if key not in env:
-                    raise QueryError(f"unknown column {n.sql('spark')}")
+                    raise QueryError(f"unknown column {n.sql(SPARK)}")
                 return exp.column(env[key], quoted=True)
             return n
 
@@ -1050,18 +1051,18 @@ class _Builder:
                     by_sql[call.sql()] = call.name
                     calls.append(call)
         agg = Aggregate(node, groups, calls, sets, set_col)
-        group_sql = {g.sql("spark"): name for name, g in groups}
-        group_index = {g.sql("spark"): i for i, (_, g) in enumerate(groups)}
+        group_sql = {g.sql(SPARK): name for name, g in groups}
+        group_index = {g.sql(SPARK): i for i, (_, g) in enumerate(groups)}
 
         def grouping(n: exp.Expression) -> exp.Expression:
             """GROUPING(a) / grouping_id(...): a constant per grouping set, chosen by the set ordinal."""
             if sets is None or set_col is None:
-                raise QueryError(f"{n.sql('spark')} needs GROUP BY with GROUPING SETS, CUBE or ROLLUP")
+                raise QueryError(f"{n.sql(SPARK)} needs GROUP BY with GROUPING SETS, CUBE or ROLLUP")
             which = [] if n.expressions else list(range(len(groups)))
             for x in n.expressions:
-                t = tr(x).sql("spark")
+                t = tr(x).sql(SPARK)
                 if t not in group_index:
-                    raise QueryError(f"{x.sql('spark')} in {n.sql('spark')} is not a GROUP BY expression")
+                    raise QueryError(f"{x.sql(SPARK)} in {n.sql(SPARK)} is not a GROUP BY expression")
                 which.append(group_index[t])
             bits = aggregates.grouping_bits(sets, which)
             return exp.Case(this=exp.column(set_col, quoted=True),
@@ -1099,10 +1100,10 @@ class _Builder:
                         t = self.translate(n, env)
                     except QueryError:
                         return n
-                    if t.sql("spark") in group_sql:
-                        return exp.column(group_sql[t.sql("spark")], quoted=True)
+                    if t.sql(SPARK) in group_sql:
+                        return exp.column(group_sql[t.sql(SPARK)], quoted=True)
                 if isinstance(n, exp.Column):
-                    raise QueryError(f"column {n.sql('spark')} must appear in GROUP BY or inside an aggregate")
+                    raise QueryError(f"column {n.sql(SPARK)} must appear in GROUP BY or inside an aggregate")
                 return children(n)
 
             return rewrite(e.copy())
@@ -1123,7 +1124,7 @@ def select_names(q: exp.Expression) -> list[str]:
     while isinstance(q, (exp.SetOperation, exp.Subquery)):
         q = q.this
     if not isinstance(q, exp.Select):
-        raise QueryError(f"cannot name the columns of {q.sql('spark')[:60]}")
+        raise QueryError(f"cannot name the columns of {q.sql(SPARK)[:60]}")
     return [e.alias_or_name for e in q.expressions]
 
 
@@ -1154,7 +1155,7 @@ def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect
     schema = {ph: {c: ty for c, ty in schemas[k]} for ph, k in keys.items()}
     rewrite.mark_merged_joins(tree)
     try:
-        qualified = qualify(tree, schema=schema, dialect="spark", validate_qualify_columns=True,
+        qualified = qualify(tree, schema=schema, dialect=SPARK, validate_qualify_columns=True,
                             quote_identifiers=False, identify=False)
     except OptimizeError as e:
         raise QueryError(str(e)) from None
@@ -1162,7 +1163,7 @@ def compile_tree(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect
     if any(is_generator(unalias(e)) and not isinstance(e, exp.Aliases)
            for sel in qualified.find_all(exp.Select) for e in sel.expressions):
         try:  # a generator's arity comes from its argument's type (see generator_defaults)
-            annotate_types(qualified, schema=schema, dialect="spark")
+            annotate_types(qualified, schema=schema, dialect=SPARK)
         except Exception:  # noqa: BLE001 - unknown types leave the arity unknown: generator_names says so
             pass
     scalar_subquery.decorrelate(qualified)  # scalar subqueries -> joins (refuses what it cannot maintain)
@@ -1181,7 +1182,7 @@ def analyzable(sql: str, dialect: str = "spark") -> str:
         if is_recursive_cte(cte) and isinstance(cte.this, exp.Union) and cte.this.args.get("distinct"):
             cte.this.set("distinct", False)
             changed = True
-    return tree.sql(dialect=dialect) if changed else sql
+    return tree.sql(dialect=dialect_of(dialect)) if changed else sql
 
 
 def pin_sources(sql: str, from_items: Mapping[str, str], dialect: str = "spark") -> str:
@@ -1203,7 +1204,7 @@ def pin_sources(sql: str, from_items: Mapping[str, str], dialect: str = "spark")
     tree = rewrite.expand_quantified(tree)  # Spark SQL cannot parse x op ANY/ALL (subquery)
     tree = rewrite.eliminate_qualify(tree)  # sqlglot's own would keep ORDER BY / LIMIT inside
     tree = rewrite.eliminate_distinct_on(tree)  # ... and drop the ORDER BY of a LIMIT
-    out = tree.sql(dialect="spark")
+    out = tree.sql(SPARK)
     for mark, item in marks.items():
         out = out.replace(mark, item)
     return out

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from dvm.context import Context, quote
+from dvm.dialect import SPARK
 from dvm.operators import Aggregate, Filter, Node, Project, RecursiveCte, TopK
 from dvm.operators.aggregate import Branch, key_match
 from dvm.operators.base import W, col_list, union_all
@@ -186,7 +187,7 @@ class Plan:
         assert self.keyed is not None
         out = []
         for (_, e), name, ty in zip(self.keyed.project, self.names, types, strict=True):
-            value = f"CAST({e.sql(dialect='spark')} AS {ty})"
+            value = f"CAST({e.sql(SPARK)} AS {ty})"
             if deleted:
                 value = f"CASE WHEN {deleted} THEN NULL ELSE {value} END"
             out.append(f"{value} AS {quote(name)}")
@@ -238,7 +239,7 @@ class Plan:
             return bag_rows_sql(f"SELECT {cast} FROM ({self.root.snapshot(ctx, 'post')})", self.names, types, None)
         k = self.keyed
         state = self._full_state(ctx)
-        where = f" WHERE {k.having.sql(dialect='spark')}" if k.having is not None else ""
+        where = f" WHERE {k.having.sql(SPARK)}" if k.having is not None else ""
         return (f"SELECT {k.row_id()} AS {ROW_ID}, {self._user_select(types)}, {self._state_list()} "
                 f"FROM ({self._with_outputs(state)}){where}")
 
@@ -285,7 +286,7 @@ class Plan:
         k = self.keyed
         conds = [f"{CNT} <= 0"] if k.group_names else []
         if k.having is not None:
-            conds.append(f"NOT COALESCE(({k.having.sql(dialect='spark')}), FALSE)")
+            conds.append(f"NOT COALESCE(({k.having.sql(SPARK)}), FALSE)")
         deleted = " OR ".join(f"({c})" for c in conds) if conds else "FALSE"
         return (f"SELECT {k.row_id()} AS {ROW_ID}, {self._user_select(types, DEL)}, {self._state_list()}, "
                 f"{DEL} FROM (SELECT *, {deleted} AS {DEL} FROM ({self._with_outputs(fin)}))")

@@ -26,6 +26,7 @@ from collections import Counter
 import sqlglot
 from sqlglot import exp
 
+from dvm.dialect import SPARK
 from dvm.errors import QueryError
 
 MERGED = "trickle_merged_join"
@@ -432,5 +433,5 @@ def inlined_read_counts(sql: str) -> Counter[tuple[str, str]]:
                     count(child, env, acc)
 
     reads: Counter[tuple[str, str]] = Counter()
-    count(sqlglot.parse_one(sql, read="spark"), {}, reads)
+    count(sqlglot.parse_one(sql, read=SPARK), {}, reads)
     return reads

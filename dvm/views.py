@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from dvm.dialect import dialect_of
 from dvm.errors import QueryError
 from dvm.parser import cte_names, parse, table_key
 from dvm.rewrite import retarget
@@ -51,7 +52,7 @@ def inline_views(sql: str, resolve: Resolver, dialect: str = "spark") -> tuple[s
     tree = parse(sql, dialect)
     inlined: list[str] = []
     changed = _expand(tree, None, resolve, inlined, [], dialect)
-    return (tree.sql(dialect=dialect) if changed else sql), inlined
+    return (tree.sql(dialect=dialect_of(dialect)) if changed else sql), inlined
 
 
 def _expand(tree: exp.Expression, inside: ViewDef | None, resolve: Resolver, inlined: list[str],

@@ -407,6 +407,6 @@ def _pretty(sql: str) -> str:
     try:
         import sqlglot
 
-        return sqlglot.transpile(sql, read="spark", write="spark", pretty=True)[0]
+        return sqlglot.transpile(sql, read=dvm.dialect.SPARK, write=dvm.dialect.SPARK, pretty=True)[0]
     except Exception:  # noqa: BLE001 - formatting is best effort
         return sql

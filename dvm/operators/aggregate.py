@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dvm.context import Context, State, quote
+from dvm.dialect import SPARK
 from dvm.operators.aggregates import AggCall, share_states
 from dvm.operators.base import Node, consolidate, null_safe_match, union_all
 
@@ -76,7 +77,7 @@ class Aggregate(Node):
     def group_select(self, branch: Branch | None = None) -> str:
         """The key columns of one branch: its group expressions, NULL for keys the set leaves out."""
         ordinal, idx = branch if branch is not None else self.branches()[0]
-        items = [f"{e.sql(dialect='spark') if i in idx else 'NULL'} AS {quote(n)}"
+        items = [f"{e.sql(SPARK) if i in idx else 'NULL'} AS {quote(n)}"
                  for i, (n, e) in enumerate(self.groups)]
         if ordinal is not None:
             items.append(f"CAST({ordinal} AS INT) AS {quote(self.set_col or '')}")
@@ -87,12 +88,12 @@ class Aggregate(Node):
         if not idx:
             # a grouping set without keys is still a group: no row when it has no input
             return " HAVING COUNT(*) > 0" if ordinal is not None else ""
-        return " GROUP BY " + ", ".join(self.groups[i][1].sql(dialect="spark") for i in idx)
+        return " GROUP BY " + ", ".join(self.groups[i][1].sql(SPARK) for i in idx)
 
     def partition(self, branch: Branch) -> str:
         """Window clause body grouping rows like ``branch`` (for per-group pivots over a delta)."""
         _, idx = branch
-        return "PARTITION BY " + ", ".join(self.groups[i][1].sql(dialect="spark") for i in idx) if idx else ""
+        return "PARTITION BY " + ", ".join(self.groups[i][1].sql(SPARK) for i in idx) if idx else ""
 
     def affected_keys(self, ctx: Context) -> str | None:
         """Distinct group keys occurring in the child's delta (named like the key columns)."""
@@ -116,7 +117,7 @@ class Aggregate(Node):
         for b in self.branches():
             ordinal, idx = b
             sel = select if isinstance(select, str) else select(b)
-            on = " AND ".join(f"({self.groups[i][1].sql(dialect='spark')}) <=> __k.{quote(self.groups[i][0])}"
+            on = " AND ".join(f"({self.groups[i][1].sql(SPARK)}) <=> __k.{quote(self.groups[i][0])}"
                               for i in idx) or "TRUE"
             k = keys if ordinal is None else f"SELECT * FROM ({keys}) WHERE {quote(self.set_col or '')} = {ordinal}"
             parts.append(f"SELECT {sel} FROM ({child}) __c LEFT SEMI JOIN ({k}) __k ON {on}{self.group_by(b)}")
@@ -159,9 +160,9 @@ class Aggregate(Node):
         return "group rescan of affected groups (nested aggregate)"
 
     def label(self) -> str:
-        g = ", ".join(e.sql(dialect="spark") for _, e in self.groups) or "()"
+        g = ", ".join(e.sql(SPARK) for _, e in self.groups) or "()"
         if self.sets is not None:
-            names = [e.sql(dialect="spark") for _, e in self.groups]
+            names = [e.sql(SPARK) for _, e in self.groups]
             g = f"GROUPING SETS ({', '.join('(' + ', '.join(names[i] for i in s) + ')' for s in self.sets)})"
         if not self.aggs:
             return f"Distinct [{g}]" if self.groups and self.sets is None else f"Aggregate {g}"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dvm.context import Context, State
+from dvm.dialect import SPARK
 from dvm.operators.base import Node
 
 
@@ -23,7 +24,7 @@ class Filter(Node):
         self.cols = list(self.child.cols)
 
     def _where(self) -> str:
-        return self.predicate.sql(dialect="spark")
+        return self.predicate.sql(SPARK)
 
     def snapshot(self, ctx: Context, state: State) -> str:
         return f"SELECT * FROM ({self.child.snapshot(ctx, state)}) WHERE {self._where()}"

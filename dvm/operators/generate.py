@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dvm.context import Context, State
+from dvm.dialect import SPARK
 from dvm.operators.base import Node, W, col_list
 
 
@@ -36,7 +37,7 @@ class Generate(Node):
 
     def _lateral_view(self) -> str:
         outer = "OUTER " if self.outer else ""
-        return f"LATERAL VIEW {outer}{self.generator.sql(dialect='spark')} __g AS {col_list(self.out)}"
+        return f"LATERAL VIEW {outer}{self.generator.sql(SPARK)} __g AS {col_list(self.out)}"
 
     def snapshot(self, ctx: Context, state: State) -> str:
         return f"SELECT {col_list(self.cols)} FROM ({self.child.snapshot(ctx, state)}) {self._lateral_view()}"
@@ -52,4 +53,4 @@ class Generate(Node):
 
     def label(self) -> str:
         outer = " OUTER" if self.outer else ""
-        return f"Generate{outer} {self.generator.sql(dialect='spark')} AS {', '.join(self.out)}"
+        return f"Generate{outer} {self.generator.sql(SPARK)} AS {', '.join(self.out)}"

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dvm.context import Context, State, quote
+from dvm.dialect import SPARK
 from dvm.operators.base import Node, W, col_list, consolidate, null_safe_match, union_all
 
 _NAMES = itertools.count(1)
 
 
 def join_sql(left: str, right: str, kind: str, condition: exp.Expression | None, select: str) -> str:
-    on = condition.sql(dialect="spark") if condition is not None else "TRUE"
+    on = condition.sql(SPARK) if condition is not None else "TRUE"
     return f"SELECT {select} FROM ({left}) __l {kind} JOIN ({right}) __r ON {on}"
 
 
@@ -94,7 +95,7 @@ def both_states(inputs: Inputs, side: str) -> str:
 
 def tagged_condition(condition: exp.Expression | None) -> str:
     """``condition`` restricted to rows of the same state (see :func:`affected_rows`)."""
-    on = condition.sql(dialect="spark") if condition is not None else "TRUE"
+    on = condition.sql(SPARK) if condition is not None else "TRUE"
     return f"({on}) AND __l.{TAG} = __r.{OTHER_TAG}"
 
 
@@ -117,7 +118,7 @@ def affected_rows(inputs: Inputs, side: str, others: list[tuple[str, exp.Express
     assert changed, "affected rows need a changed other input"
 
     def by_other(src: str, delta: str, cond: exp.Expression | None, cols: str) -> str:
-        on = cond.sql(dialect="spark") if cond is not None else "TRUE"
+        on = cond.sql(SPARK) if cond is not None else "TRUE"
         return f"SELECT {cols} FROM ({src}) __a LEFT SEMI JOIN ({delta}) __e ON {on}"
 
     own_delta = inputs.delta(side)
@@ -154,7 +155,7 @@ class BinaryJoin(Node):
         )
 
     def on_sql(self) -> str:
-        return self.condition.sql(dialect="spark") if self.condition is not None else "TRUE"
+        return self.condition.sql(SPARK) if self.condition is not None else "TRUE"
 
     def inputs(self, ctx: Context) -> Inputs:
         return Inputs(ctx, left=self.left, right=self.right)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dvm.context import Context, State, quote
+from dvm.dialect import SPARK
 from dvm.operators.base import Node, W, col_list, consolidate, union_all
 from dvm.operators.join import TAG, Inputs, affected_rows
 from dvm.operators.scan import Scan
@@ -76,14 +77,14 @@ class LateralJoin(Node):
         self.cols = list(self.left.cols) + list(self.out)
 
     def _item_sql(self, ctx: Context, state: State) -> str:
-        sql = self.item.sql(dialect="spark")
+        sql = self.item.sql(SPARK)
         for s in self.inner:
             sql = sql.replace(s.mark, s.from_item(ctx, state))
         return sql
 
     def _join(self, ctx: Context, state: State) -> str:
         item = f"LATERAL {self._item_sql(ctx, state)} AS __r({col_list(self.out)})"
-        on = self.condition.sql(dialect="spark") if self.condition is not None else "TRUE"
+        on = self.condition.sql(SPARK) if self.condition is not None else "TRUE"
         if self.kind == "LEFT":
             return f"LEFT JOIN {item} ON {on}"
         if self.kind == "INNER":
@@ -114,10 +115,10 @@ class LateralJoin(Node):
                 f"{', '.join(sorted({s.scan.source for s in self.inner}))}, recomputed on both snapshots)")
 
     def label(self) -> str:
-        on = f" ON {self.condition.sql(dialect='spark')}" if self.condition is not None else ""
-        reach = "; ".join(f"{s.scan.source}: {s.filter.sql(dialect='spark') if s.filter is not None else 'any row'}"
+        on = f" ON {self.condition.sql(SPARK)}" if self.condition is not None else ""
+        reach = "; ".join(f"{s.scan.source}: {s.filter.sql(SPARK) if s.filter is not None else 'any row'}"
                           for s in self.inner)
-        text = self.item.sql(dialect="spark")
+        text = self.item.sql(SPARK)
         for s in self.inner:
             text = text.replace(s.mark, s.scan.source)
         return (f"LateralJoin {self.kind} LATERAL {text[:200]} AS ({', '.join(self.out)}){on}"

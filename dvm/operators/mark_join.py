@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dvm.context import Context, State, quote
+from dvm.dialect import SPARK
 from dvm.operators.base import Node, W, col_list, null_safe_match
 from dvm.operators.join import TAG, Inputs, affected_rows, both_states, tagged_condition
 
@@ -41,7 +42,7 @@ class Mark:
     name: str
 
     def on_sql(self) -> str:
-        return self.condition.sql(dialect="spark") if self.condition is not None else "TRUE"
+        return self.condition.sql(SPARK) if self.condition is not None else "TRUE"
 
 
 @dataclass(eq=False)

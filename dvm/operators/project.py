@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dvm.context import Context, State, quote
+from dvm.dialect import SPARK
 from dvm.operators.base import Node, W
 
 
@@ -24,7 +25,7 @@ class Project(Node):
         self.cols = [name for name, _ in self.items]
 
     def _select_list(self) -> str:
-        return ", ".join(f"{e.sql(dialect='spark')} AS {quote(n)}" for n, e in self.items)
+        return ", ".join(f"{e.sql(SPARK)} AS {quote(n)}" for n, e in self.items)
 
     def snapshot(self, ctx: Context, state: State) -> str:
         return f"SELECT {self._select_list()} FROM ({self.child.snapshot(ctx, state)})"
@@ -34,4 +35,4 @@ class Project(Node):
         return None if d is None else f"SELECT {self._select_list()}, {W} FROM ({d})"
 
     def label(self) -> str:
-        return "Project " + ", ".join(e.sql(dialect="spark") for _, e in self.items)
+        return "Project " + ", ".join(e.sql(SPARK) for _, e in self.items)

@@ -78,6 +78,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp, parse_one
 
 from dvm.context import PREV, Context, Fixpoint, State, quote
+from dvm.dialect import SPARK
 from dvm.operators.base import Node, W, col_list
 from dvm.operators.scan import Scan
 from dvm.rewrite import retarget
@@ -188,8 +189,8 @@ class RecursiveCte(Node):
             retarget(t, mark)
         if extra is not None:
             assert isinstance(tree, exp.Select)
-            tree.select(parse_one(extra, read="spark"), append=True, copy=False)
-        out = tree.sql(dialect="spark")
+            tree.select(parse_one(extra, read=SPARK), append=True, copy=False)
+        out = tree.sql(SPARK)
         for mark, item in marks.items():
             out = out.replace(mark, item)
         return out

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from dvm.context import Context, State, quote
+from dvm.dialect import SPARK
 from dvm.operators.base import Node, W, consolidate, union_all
 
 
@@ -45,8 +46,8 @@ class TopK(Node):
         self.cols = list(self.child.cols)
 
     def order_sql(self) -> str:
-        keys = [k.sql(dialect="spark") for k in self.keys]
-        present = {k.this.sql(dialect="spark") for k in self.keys}
+        keys = [k.sql(SPARK) for k in self.keys]
+        present = {k.this.sql(SPARK) for k in self.keys}
         keys += [f"{quote(c)} ASC NULLS FIRST" for c in self.tie_cols if quote(c) not in present]
         return ", ".join(keys)
 
@@ -69,4 +70,4 @@ class TopK(Node):
 
     def label(self) -> str:
         where = (f" LIMIT {self.limit}" if self.limit is not None else "") + (f" OFFSET {self.offset}" if self.offset else "")
-        return f"TopK ORDER BY {', '.join(k.sql(dialect='spark') for k in self.keys)}{where}"
+        return f"TopK ORDER BY {', '.join(k.sql(SPARK) for k in self.keys)}{where}"

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from dvm.context import Context, State, quote
+from dvm.dialect import SPARK
 from dvm.operators.base import Node, W, col_list, consolidate, union_all
 from dvm.operators.join import Inputs
 
@@ -107,7 +108,7 @@ def tie_broken(w: exp.Window, cols: list[str]) -> exp.Window:
     order = w.args.get("order")
     had_order = order is not None
     keys = list(order.expressions) if order is not None else []
-    present = {k.this.sql(dialect="spark") for k in keys if isinstance(k, exp.Ordered)}
+    present = {k.this.sql(SPARK) for k in keys if isinstance(k, exp.Ordered)}
     keys += [exp.Ordered(this=exp.column(c, quoted=True), desc=False, nulls_first=True)
              for c in cols if quote(c) not in present and c not in present]
     w.set("order", exp.Order(expressions=keys))
@@ -133,7 +134,7 @@ class Window(Node):
         seen: set[str] = set()
         for _, w in self.funcs:
             part = list(w.args.get("partition_by") or [])
-            key = "|".join(p.sql(dialect="spark") for p in part)
+            key = "|".join(p.sql(SPARK) for p in part)
             if key not in seen:
                 seen.add(key)
                 self.specs.append(part)
@@ -144,7 +145,7 @@ class Window(Node):
         return any(not s for s in self.specs)
 
     def _windows(self) -> str:
-        return ", ".join(f"{w.sql(dialect='spark')} AS {quote(n)}" for n, w in self.computed)
+        return ", ".join(f"{w.sql(SPARK)} AS {quote(n)}" for n, w in self.computed)
 
     def snapshot(self, ctx: Context, state: State) -> str:
         return f"SELECT *, {self._windows()} FROM ({self.child.snapshot(ctx, state)})"
@@ -156,12 +157,12 @@ class Window(Node):
         return [f"__wk{s}_{i}" for i in range(len(part))]
 
     def _match(self, s: int, part: list[exp.Expression], alias: str) -> str:
-        return " AND ".join(f"({p.sql(dialect='spark')}) <=> {alias}.{k}"
+        return " AND ".join(f"({p.sql(SPARK)}) <=> {alias}.{k}"
                             for p, k in zip(part, self._key_cols(s, part), strict=True))
 
     def _keys(self, s: int, part: list[exp.Expression], rows: str) -> str:
         """The distinct partition keys of spec ``s`` among ``rows``."""
-        sel = ", ".join(f"{p.sql(dialect='spark')} AS {k}" for p, k in zip(part, self._key_cols(s, part), strict=True))
+        sel = ", ".join(f"{p.sql(SPARK)} AS {k}" for p, k in zip(part, self._key_cols(s, part), strict=True))
         return f"SELECT DISTINCT {sel} FROM ({rows})"
 
     def _evaluated(self, rows: str, sign: int, where: str = "") -> str:
@@ -203,8 +204,8 @@ class Window(Node):
         any_hit = " OR ".join(f"__h{s}" for s, _ in specs)
         closure = []
         for s, p in specs:
-            sel = ", ".join(f"{e.sql(dialect='spark')} AS {k}" for e, k in zip(p, self._key_cols(s, p), strict=True))
-            group = ", ".join(e.sql(dialect="spark") for e in p)
+            sel = ", ".join(f"{e.sql(SPARK)} AS {k}" for e, k in zip(p, self._key_cols(s, p), strict=True))
+            group = ", ".join(e.sql(SPARK) for e in p)
             closure.append(inputs.share(f"SELECT {sel}, BOOL_OR(__h{s}) AS __in FROM ({a}) WHERE {any_hit} "
                                         f"GROUP BY {group}"))
         in_s = " OR ".join(f"__q{s}.__in IS NOT NULL" for s, _ in specs)
@@ -228,4 +229,4 @@ class Window(Node):
         return "partition-scoped recompute of the partitions the delta touches (both snapshots)" + ties
 
     def label(self) -> str:
-        return "Window " + ", ".join(w.sql(dialect="spark") for _, w in self.funcs)
+        return "Window " + ", ".join(w.sql(SPARK) for _, w in self.funcs)

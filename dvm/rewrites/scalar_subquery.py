@@ -39,6 +39,7 @@ import itertools
 
 from sqlglot import exp
 
+from dvm.dialect import SPARK
 from dvm.errors import QueryError, UnsupportedError
 from dvm.rewrite import conjuncts, local_aliases, subquery_select
 
@@ -86,12 +87,12 @@ SHOWN = "trickle_sql"
 def remember_sql(tree: exp.Expression) -> None:
     """Before sources are renamed and the tree qualified: keep each subquery's text for messages."""
     for sq in tree.find_all(exp.Subquery):
-        sq.meta[SHOWN] = subquery_select(sq).sql("spark")
+        sq.meta[SHOWN] = subquery_select(sq).sql(SPARK)
 
 
 def _shown(e: exp.Expression) -> str:
     sql = e.meta.get(SHOWN) if isinstance(e, exp.Subquery) else None
-    return f"({sql or subquery_select(e).sql('spark')})"[:80] if isinstance(e, exp.Subquery) else e.sql("spark")[:80]
+    return f"({sql or subquery_select(e).sql(SPARK)})"[:80] if isinstance(e, exp.Subquery) else e.sql(SPARK)[:80]
 
 
 def _from_aliases(select: exp.Select) -> set[str]:
@@ -152,7 +153,7 @@ class _Decorrelator:
                                        "'FULL' or AUTO")
         done: dict[str, exp.Expression] = {}
         for sq in subqueries:
-            key = subquery_select(sq).sql("spark")
+            key = subquery_select(sq).sql(SPARK)
             if key not in done:
                 done[key] = self.join(select, sq)
             value = exp.Paren(this=done[key].copy())
@@ -205,7 +206,7 @@ class _Decorrelator:
             for c in o.find_all(exp.Column):
                 if c.table.lower() not in outer:
                     raise UnsupportedError("correlated scalar subquery", f"correlated scalar subquery {_shown(sq)} "
-                                           f"references {c.sql('spark')} of a query further out than the one it "
+                                           f"references {c.sql(SPARK)} of a query further out than the one it "
                                            f"stands in; only one level of correlation is maintained{_HINT}")
         # one row per outer row by construction
         group = q.args.get("group")
@@ -213,8 +214,8 @@ class _Decorrelator:
             if group.args.get("grouping_sets") or group.args.get("cube") or group.args.get("rollup"):
                 raise UnsupportedError("scalar subquery", f"scalar subquery {_shown(sq)} with GROUPING SETS / "
                                        f"CUBE / ROLLUP can return several rows{_HINT}")
-            fixed = {i.sql("spark") for i, _ in keys}
-            loose = [g for g in group.expressions if g.sql("spark") not in fixed]
+            fixed = {i.sql(SPARK) for i, _ in keys}
+            loose = [g for g in group.expressions if g.sql(SPARK) not in fixed]
             if loose:
                 raise UnsupportedError("scalar subquery", f"scalar subquery {_shown(sq)} groups by "
                                        f"{_shown(loose[0])}, which the outer row does not fix, so it can return "

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from sqlglot import exp
 
+from dvm.dialect import SPARK
 from dvm.errors import UnsupportedError
 from dvm.operators.aggregates.algebraic import BitXor, BoolAndOr, Count, CountStar, SumAvg
 from dvm.operators.aggregates.base import AggCall, spark
@@ -79,7 +80,7 @@ def shown(node: exp.Expression) -> str:
     if isinstance(node, (exp.ArgMax, exp.ArgMin)) and node.args.get("count") is not None:
         args = ", ".join(spark(node.args[k]) for k in ("this", "expression", "count"))
         return f"{'MAX_BY' if isinstance(node, exp.ArgMax) else 'MIN_BY'}({args})"[:60]
-    return (node.sql() if isinstance(node, exp.WithinGroup) else node.sql("spark"))[:60]
+    return (node.sql() if isinstance(node, exp.WithinGroup) else node.sql(SPARK))[:60]
 
 
 def unsupported(construct: str, what: str, hint: str = "") -> UnsupportedError:

@@ -28,11 +28,13 @@ from typing import Any, ClassVar
 
 from sqlglot import exp
 
+from dvm.dialect import SPARK
+
 Cols = list[tuple[str, str]]
 
 
 def spark(e: exp.Expression) -> str:
-    return e.sql(dialect="spark")
+    return e.sql(SPARK)
 
 
 @dataclass(eq=False)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from dvm.dialect import SPARK
 from dvm.errors import UnsupportedError
 
 MAX_GROUPING_SETS = 64
@@ -102,7 +103,7 @@ def normalize(tree: exp.Expression) -> exp.Expression:
 def _set_items(item: exp.Expression) -> list[exp.Expression]:
     """One element of GROUPING SETS (...): ``(a, b)``, ``(a)``, ``a`` or ``()``."""
     if isinstance(item, (exp.Cube, exp.Rollup, exp.GroupingSets)):
-        raise UnsupportedError("GROUPING SETS", f"{item.sql('spark')} nested inside GROUPING SETS is not "
+        raise UnsupportedError("GROUPING SETS", f"{item.sql(SPARK)} nested inside GROUPING SETS is not "
                                "supported; list the grouping sets explicitly, or use refresh_mode='FULL' or AUTO")
     if isinstance(item, exp.Tuple):
         return list(item.expressions)
@@ -156,7 +157,7 @@ def grouping_sets(group: exp.Group | None) -> tuple[list[exp.Expression], list[t
     for kind, exprs in factors:
         count *= 1 if kind == "plain" else _size(kind, len(exprs))
     if count > MAX_GROUPING_SETS:
-        raise UnsupportedError("GROUPING SETS", f"GROUP BY {', '.join(i.sql('spark') for i in items)[:80]} "
+        raise UnsupportedError("GROUPING SETS", f"GROUP BY {', '.join(i.sql(SPARK) for i in items)[:80]} "
                                f"expands to {count} grouping sets, more than the limit of {MAX_GROUPING_SETS} "
                                "(each set is one branch of the maintained aggregate); list the sets you need "
                                "with GROUPING SETS (...), or use refresh_mode='FULL'")
@@ -167,7 +168,7 @@ def grouping_sets(group: exp.Group | None) -> tuple[list[exp.Expression], list[t
     order: dict[str, int] = {}
     all_exprs: list[exp.Expression] = []
     for e in plain + [e for s in sets for e in s]:
-        key = e.sql("spark")
+        key = e.sql(SPARK)
         if key not in order:
             order[key] = len(all_exprs)
             all_exprs.append(e)
@@ -175,7 +176,7 @@ def grouping_sets(group: exp.Group | None) -> tuple[list[exp.Expression], list[t
     for s in sets:
         idx: list[int] = []
         for e in s:
-            i = order[e.sql("spark")]
+            i = order[e.sql(SPARK)]
             if i not in idx:
                 idx.append(i)
         out.append(tuple(sorted(idx)))
