@@ -10,10 +10,62 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
+#: classic, multi-part and V2 checkpoints: ``<v>.checkpoint.parquet``, ``<v>.checkpoint.<i>.<n>.parquet``,
+#: ``<v>.checkpoint.<uuid>.(json|parquet)``
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(\.[^.]+)*\.(parquet|json)$")
 TRICKLE_KEY = "trickle"
+
+
+@dataclass(frozen=True)
+class TableMeta:
+    """A table's identity and shape at one version: the Delta ``metaData`` action.
+
+    ``id`` changes when the table is dropped and re-created under the same name or path, which a version
+    number alone cannot tell apart from ordinary commits."""
+
+    id: str
+    schema_json: str
+    partition_columns: tuple[str, ...] = ()
+    configuration: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @classmethod
+    def from_action(cls, m: dict[str, Any]) -> TableMeta:
+        return cls(str(m.get("id")), str(m.get("schemaString") or ""), tuple(m.get("partitionColumns") or ()),
+                   dict(m.get("configuration") or {}))
+
+    def columns(self) -> list[tuple[str, str]]:
+        """(name, Spark simple type) per column, as ``spark.read.load(path).schema`` would give them."""
+        from pyspark.sql.types import StructType  # pure Python: no JVM
+
+        schema = StructType.fromJson(json.loads(self.schema_json))
+        return [(f.name, f.dataType.simpleString()) for f in schema.fields]
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one source's log says about the change window (``pre``, ``post``] of a refresh, read in one pass.
+
+    ``schema_changed_at``: the first version in the window whose ``metaData`` changed the schema or the
+    partitioning (same table id); ``truncated_at``: the first that emptied the table; ``insert_only``: every
+    commit in the window only added rows; ``sizes``: bytes of data files at ``pre`` / ``post`` where the
+    checksum file says."""
+
+    pre: int | None
+    post: int
+    meta: TableMeta | None
+    schema_changed_at: int | None = None
+    truncated_at: int | None = None
+    insert_only: bool = False
+    sizes: dict[int, int] = field(default_factory=dict)
+
+
+#: path -> (version, signature of that commit file, meta): a table's metadata at a version it was last
+#: read at, so the next refresh reads only the commits since (see :meth:`DeltaLog.metadata`)
+_META_SEEN: dict[str, tuple[int, Any, TableMeta]] = {}
 
 
 def _local(path: str) -> str | None:
@@ -29,6 +81,45 @@ class DeltaLog:
         self.spark = spark
         self.path = path
         self.log_dir = path.rstrip("/") + "/_delta_log"
+        self._actions: dict[int, list[dict[str, Any]]] = {}
+
+    def _fs(self, name: str) -> tuple[Any, Any]:
+        jvm = self.spark._jvm
+        hpath = jvm.org.apache.hadoop.fs.Path(self.log_dir + "/" + name)
+        return hpath.getFileSystem(self.spark._jsc.hadoopConfiguration()), hpath
+
+    def _signature(self, name: str) -> Any:
+        """Size and modification time of a log file, None when missing: commit files are never rewritten,
+        so a different signature at the same version means the table was replaced."""
+        local = _local(self.log_dir)
+        if local is not None:
+            try:
+                st = os.stat(os.path.join(local, name))
+            except FileNotFoundError:
+                return None
+            return st.st_size, st.st_mtime_ns
+        fs, hpath = self._fs(name)
+        if not fs.exists(hpath):
+            return None
+        status = fs.getFileStatus(hpath)
+        return status.getLen(), status.getModificationTime()
+
+    def _read_bytes(self, name: str) -> bytes | None:
+        local = _local(self.log_dir)
+        if local is not None:
+            try:
+                with open(os.path.join(local, name), "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+        fs, hpath = self._fs(name)
+        if not fs.exists(hpath):
+            return None
+        stream = fs.open(hpath)
+        try:
+            return bytes(self.spark._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+        finally:
+            stream.close()
 
     def _list(self) -> list[str]:
         local = _local(self.log_dir)
@@ -86,8 +177,106 @@ class DeltaLog:
             return None
 
     def actions(self, version: int) -> list[dict[str, Any]]:
-        text = self._read(f"{version:020d}.json")
-        return [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+        """The actions of one commit (read once per :class:`DeltaLog`: commit files never change)."""
+        if version not in self._actions:
+            text = self._read(f"{version:020d}.json")
+            self._actions[version] = [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+        return self._actions[version]
+
+    # --- identity and shape ---
+
+    def metadata(self, version: int) -> TableMeta | None:
+        """The table's ``metaData`` at ``version``: from that version's checksum file when Spark wrote one
+        (one small read), else from the commits since the last version this process saw (their signature
+        proves the log is still the same table's), else by walking back to the newest ``metaData`` action or
+        checkpoint. None when the log has no such version."""
+        crc = self._read(f"{version:020d}.crc")
+        if crc:
+            try:
+                found = TableMeta.from_action(json.loads(crc)["metadata"])
+            except (ValueError, KeyError, TypeError):
+                found = None
+            if found is not None:
+                return self._remember(version, found)
+        seen = _META_SEEN.get(self.path)
+        if seen is not None and seen[0] <= version and self._signature(f"{seen[0]:020d}.json") == seen[1]:
+            for v in range(version, seen[0], -1):
+                m = self._meta_action(v)
+                if m is not None:
+                    return self._remember(version, m)
+            return self._remember(version, seen[2])
+        names = set(self._list())
+        for v in range(version, -1, -1):
+            m = self._meta_action(v) if f"{v:020d}.json" in names else None
+            if m is None:
+                m = self._checkpoint_meta(v, names)
+            if m is not None:
+                return self._remember(version, m)
+        return None
+
+    def _remember(self, version: int, meta: TableMeta) -> TableMeta:
+        sig = self._signature(f"{version:020d}.json")
+        if sig is not None:
+            _META_SEEN[self.path] = (version, sig, meta)
+        return meta
+
+    def _meta_action(self, version: int) -> TableMeta | None:
+        for a in self.actions(version):
+            if "metaData" in a:
+                return TableMeta.from_action(a["metaData"])
+        return None
+
+    def _checkpoint_meta(self, version: int, names: set[str]) -> TableMeta | None:
+        for name in sorted(n for n in names if (m := _CHECKPOINT.match(n)) and int(m.group(1)) == version):
+            data = self._read_bytes(name)
+            if data is None:
+                continue
+            if name.endswith(".json"):
+                for line in data.decode("utf-8").splitlines():
+                    if line.strip() and "metaData" in (a := json.loads(line)):
+                        return TableMeta.from_action(a["metaData"])
+                continue
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(pa.BufferReader(data), columns=["metaData"])
+            for m in table.column("metaData").to_pylist():
+                if m:
+                    return TableMeta.from_action(m)
+        return None
+
+    def window(self, pre: int | None, post: int) -> Window:
+        """One pass over the commits of (``pre``, ``post``]: see :class:`Window`. With ``pre`` None (a FULL
+        refresh) only the metadata at ``post`` is read."""
+        meta = self.metadata(post)
+        if pre is None or post <= pre:
+            return Window(pre, post, meta)
+        schema_changed = truncated = None
+        insert_only = True
+        for v in range(pre + 1, post + 1):
+            actions = self.actions(v)
+            if not actions:
+                insert_only = False
+            for a in actions:
+                if "metaData" in a:
+                    insert_only = False
+                    m = TableMeta.from_action(a["metaData"])
+                    if schema_changed is None and self._shape_changed(pre, v, m):
+                        schema_changed = v
+                elif "cdc" in a or ("remove" in a and (a["remove"] or {}).get("dataChange", True)):
+                    insert_only = False
+            if truncated is None and _is_truncate(self.commit_info(v)):
+                truncated = v
+        sizes = {v: size for v in (pre, post) if (size := self.table_size(v)) is not None}
+        return Window(pre, post, meta, schema_changed, truncated, insert_only, sizes)
+
+    def _shape_changed(self, pre: int, version: int, m: TableMeta) -> bool:
+        """Whether the ``metaData`` committed at ``version`` changes the schema or partitioning relative to
+        the table at ``pre`` (a properties-only change, e.g. SET TBLPROPERTIES, does not)."""
+        before = self.metadata(version - 1) if version - 1 >= pre else None
+        if before is None:
+            return True
+        return (before.schema_json, before.partition_columns) != (m.schema_json, m.partition_columns)
 
     def commit_info(self, version: int) -> dict[str, Any]:
         for a in self.actions(version):
@@ -120,19 +309,8 @@ class DeltaLog:
         CDC truncate (recorded by :mod:`connectors.kafka_mirror`), ``TRUNCATE TABLE``, or a ``DELETE``
         without a condition. Reads only commit infos (small local JSON files, no Spark job)."""
         for v in range(after + 1, upto + 1):
-            info = self.commit_info(v)
-            op = str(info.get("operation", "")).upper()
-            if op == "TRUNCATE" or (op == "DELETE" and (info.get("operationParameters") or {}).get("predicate")
-                                    in ("[]", '["true"]', "", None)):
+            if _is_truncate(self.commit_info(v)):
                 return v
-            meta = info.get("userMetadata")
-            if meta and "truncate" in meta:
-                try:
-                    doc = json.loads(meta)
-                except ValueError:
-                    continue
-                if isinstance(doc, dict) and (doc.get("trickle_mirror") or {}).get("truncate"):
-                    return v
         return None
 
     def inserts_only_between(self, after: int, upto: int) -> bool:
@@ -156,3 +334,20 @@ class DeltaLog:
             if meta is not None:
                 return v, meta
         return None
+
+
+def _is_truncate(info: dict[str, Any]) -> bool:
+    """A commit that emptied the table: ``TRUNCATE TABLE``, a ``DELETE`` without a condition, or a mirror
+    batch that applied a CDC truncate (recorded by :mod:`connectors.kafka_mirror`)."""
+    op = str(info.get("operation", "")).upper()
+    if op == "TRUNCATE" or (op == "DELETE" and (info.get("operationParameters") or {}).get("predicate")
+                            in ("[]", '["true"]', "", None)):
+        return True
+    meta = info.get("userMetadata")
+    if meta and "truncate" in meta:
+        try:
+            doc = json.loads(meta)
+        except ValueError:
+            return False
+        return isinstance(doc, dict) and bool((doc.get("trickle_mirror") or {}).get("truncate"))
+    return False

@@ -3,6 +3,13 @@
 The refresh record (frontier, refresh id, action) travels in the commit's ``userMetadata``, so the data and
 the frontier it reflects become visible atomically. A crash after the commit and before the catalog is
 updated is recovered by reading the record back (see :mod:`pipeline.refresh`), and nothing is applied twice.
+
+Every commit is also *checked*: it is an idempotent Delta transaction (app id :data:`TXN_APP_ID`, version =
+the stream table's version the refresh read its frontier at, plus one). Two refreshes of one table that
+read the same frontier (two processes, or a manual refresh beside ``trickle run``) therefore cannot both
+commit: Delta skips the second write (its transaction version is no longer new) or fails it with a
+``ConcurrentTransactionException``, and :class:`CommitLost` tells the refresh to start again from the
+winner's frontier. The check lives in the table's own log, so it holds across processes and machines.
 """
 
 from __future__ import annotations
@@ -12,36 +19,71 @@ from collections.abc import Callable
 from typing import Any
 
 from connectors.delta_log import TRICKLE_KEY, DeltaLog
-from dvm.context import quote
 
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+#: the Delta idempotent-transaction app id of refresh commits (see the module docstring)
+TXN_APP_ID = "spark-trickle-refresh"
+_TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+
+
+class CommitLost(Exception):
+    """Another refresh committed to the stream table after this one read its frontier: nothing of this
+    refresh was committed (Delta skipped its transaction), and it must start again from the new frontier."""
 
 
 def _metadata(record: dict[str, Any]) -> str:
     return json.dumps({TRICKLE_KEY: record}, sort_keys=True)
 
 
-def _session(spark: Any, record: dict[str, Any]) -> Any:
-    """A light-weight session (same SparkContext) whose commits carry ``record``. userMetadata is a
-    per-session setting, so concurrent refreshes of different stream tables never see each other's."""
+def _session(spark: Any, record: dict[str, Any], read_version: int | None) -> Any:
+    """A light-weight session (same SparkContext) whose commits carry ``record`` and are idempotent
+    transactions checked against ``read_version`` (see the module docstring). Both are per-session
+    settings, so concurrent refreshes of different stream tables never see each other's."""
     session = spark.newSession()
     session.conf.set(_USER_METADATA, _metadata(record))
+    session.conf.set(_TXN_APP_ID_CONF, TXN_APP_ID)
+    session.conf.set(_TXN_VERSION_CONF, str(txn_version(read_version)))
     return session
 
 
-def _mark(session: Any, path: str, record: dict[str, Any]) -> None:
-    session.sql(
-        f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ('trickle.last_refresh' = '{record['refresh_id']}')"
-    )
+def txn_version(read_version: int | None) -> int:
+    """The transaction version of a refresh that read the stream table at ``read_version`` (None: the table
+    did not exist yet). Always above that of every earlier refresh commit, which sits at or below
+    ``read_version``."""
+    return 0 if read_version is None else read_version + 1
+
+
+def _committed(spark: Any, path: str, record: dict[str, Any], read_version: int | None) -> int | None:
+    """The version at which this refresh's commit landed; None when nothing was committed. Raises
+    :class:`CommitLost` when another refresh committed since ``read_version`` and ours was skipped."""
+    log = DeltaLog(spark, path)
+    latest = log.latest_version()
+    lost = False
+    first = 0 if read_version is None else read_version + 1
+    for v in range(first, (latest if latest is not None else -1) + 1):
+        meta = log.trickle_metadata(v)
+        if meta is None:
+            continue
+        if meta.get("refresh_id") == record["refresh_id"]:
+            return v
+        lost = True
+    if lost:
+        raise CommitLost(f"another refresh committed to {path} after version {read_version}, which this "
+                         "refresh read its frontier at; nothing of this refresh was committed")
+    return None
 
 
 #: Session settings of a refresh that runs interpreted (see :func:`merge`).
 INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
-def merge(spark: Any, path: str, source_sql: str, statement: Callable[[str], str],
-          record: dict[str, Any], interpreted: bool = False, conf: dict[str, str] | None = None) -> dict[str, int]:
-    """Apply a delta to the stream table with one MERGE; return its row counts.
+def merge(spark: Any, path: str, source_sql: str, statement: Callable[[str], str], record: dict[str, Any],
+          read_version: int | None, interpreted: bool = False,
+          conf: dict[str, str] | None = None) -> dict[str, int] | None:
+    """Apply a delta to the stream table with one checked MERGE; return its row counts, or None when
+    nothing was committed (an empty delta, or a MERGE that changed no row): the table then still holds
+    the query's rows at the new frontier, with no commit to say so (see :mod:`pipeline.refresh`).
 
     The delta is computed ONCE, kept, and counted in the same Spark job: Delta's MERGE reads its source
     twice (to find the touched files, then to write them), and a delta query re-run means every source
@@ -52,9 +94,9 @@ def merge(spark: Any, path: str, source_sql: str, statement: Callable[[str], str
     of the driver's CPU time in a small refresh (measured: 37% of samples; a refresh over 1000-row tables
     took 3.7 s instead of 5.4 s without it), and it only pays off when many rows flow through the plan.
 
-    The frontier is recorded even when nothing changed (an empty delta, or a MERGE that wrote no commit):
-    a properties-only commit then carries the record. ``conf``: more settings for this refresh's session."""
-    session = _session(spark, record)
+    ``read_version``: the stream table's version the refresh read its frontier at (see the module
+    docstring). ``conf``: more settings for this refresh's session."""
+    session = _session(spark, record, read_version)
     for k, v in {**(INTERPRETED if interpreted else {}), **(conf or {})}.items():
         session.conf.set(k, v)
     # A local checkpoint, not df.cache(): Delta re-caches every cached plan that reads a table it just
@@ -63,21 +105,17 @@ def merge(spark: Any, path: str, source_sql: str, statement: Callable[[str], str
     delta = session.sql(source_sql).localCheckpoint(eager=False)
     try:
         if delta.count() == 0:
-            _mark(session, path, record)
-            return {"inserted": 0, "updated": 0, "deleted": 0}
+            return None
         view = f"__trickle_delta_{record['refresh_id']}"
         delta.createOrReplaceTempView(view)
-        log = DeltaLog(spark, path)
-        before = log.latest_version()
         session.sql(statement(f"SELECT * FROM {view}"))
         session.catalog.dropTempView(view)
-        after = log.latest_version()
     finally:
         _release(delta)
-    if after == before:
-        _mark(session, path, record)
-        return {"inserted": 0, "updated": 0, "deleted": 0}
-    m = log.commit_info(after).get("operationMetrics", {}) if after is not None else {}
+    version = _committed(spark, path, record, read_version)
+    if version is None:
+        return None
+    m = DeltaLog(spark, path).commit_info(version).get("operationMetrics", {})
     return {
         "inserted": int(m.get("numTargetRowsInserted", 0)),
         "updated": int(m.get("numTargetRowsUpdated", 0)),
@@ -93,28 +131,24 @@ def _release(checkpointed: Any) -> None:
         pass
 
 
-def mark_frontier(spark: Any, path: str, record: dict[str, Any]) -> None:
-    """A commit that changes no data, only to record a refresh that found an empty delta."""
-    _mark(_session(spark, record), path, record)
-
-
 #: Spark conf: create stream tables with deletion vectors, so a MERGE that touches a few rows of a large
 #: file marks them deleted instead of rewriting the whole file (copy-on-write).
 DELETION_VECTORS = "trickle.streamTable.deletionVectors"
 
 
-def overwrite(spark: Any, df: Any, path: str, record: dict[str, Any]) -> dict[str, int]:
-    """Replace the stream table's contents (FULL / REINITIALIZE); creates it, with CDF on, if missing."""
-    log = DeltaLog(spark, path)
+def overwrite(spark: Any, df: Any, path: str, record: dict[str, Any], read_version: int | None) -> dict[str, int]:
+    """Replace the stream table's contents (FULL / REINITIALIZE) in one checked commit (see the module
+    docstring); creates the table, with CDF on, if missing."""
     writer = (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-              .option("delta.enableChangeDataFeed", "true").option("userMetadata", _metadata(record)))
+              .option("delta.enableChangeDataFeed", "true").option("userMetadata", _metadata(record))
+              .option("txnAppId", TXN_APP_ID).option("txnVersion", str(txn_version(read_version))))
     if spark.conf.get(DELETION_VECTORS, "false").lower() == "true":
         writer = writer.option("delta.enableDeletionVectors", "true")
     writer.save(path)
-    after = log.latest_version()
+    after = _committed(spark, path, record, read_version)
     if after is None:
-        return {"inserted": 0, "updated": 0, "deleted": 0}
-    actions = log.actions(after)
+        raise CommitLost(f"the overwrite of {path} committed nothing (Delta skipped it)")
+    actions = DeltaLog(spark, path).actions(after)
     m = next((a["commitInfo"] for a in actions if "commitInfo" in a), {}).get("operationMetrics", {})
     return {"inserted": int(m.get("numOutputRows", 0)), "updated": 0, "deleted": _removed_rows(actions)}
 

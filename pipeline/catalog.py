@@ -65,6 +65,10 @@ class StreamTableDef:
     last_refresh_id: str | None = None
     last_refresh_at: float | None = None
     last_action: str | None = None
+    #: set by a refresh whose delta changed nothing (so committed nothing): the table, while still at
+    #: ``table_version``, reflects ``frontier`` (see :mod:`pipeline.refresh`); keys: table_version,
+    #: refresh_id (of the commit it builds on), frontier, base_frontier, source_ids
+    soft_frontier: dict[str, Any] | None = None
     #: ``query`` with the views it reads inlined (None: it reads no view); what the engine maintains
     inlined_query: str | None = None
     #: the views inlined, outermost first (their definitions are captured at create)

@@ -9,6 +9,7 @@ __all__ = [
     "QueryError",
     "UnsupportedError",
     "SourceError",
+    "SourceChangedError",
     "CatalogError",
     "RefreshError",
     "ConfigError",
@@ -17,6 +18,12 @@ __all__ = [
 
 class SourceError(TrickleError):
     """A source table cannot be used: not a Delta table, Change Data Feed off, or history vacuumed."""
+
+
+class SourceChangedError(SourceError):
+    """A source changed in a way the stream table cannot follow by itself: a column its query reads was
+    dropped or renamed, or the change history a refresh needs was vacuumed. Retrying cannot help, so the
+    stream table goes to ERROR at once; the message says what to do."""
 
 
 class CatalogError(TrickleError):

@@ -7,10 +7,22 @@ Frontier protocol (why a crash never loses or double-applies a change):
 2. The post frontier is the latest version of every source; upstream stream tables are refreshed first,
    in topological order, so a downstream never reads an upstream that is behind.
 3. The data change and the new frontier are written in ONE Delta commit (MERGE or overwrite with the
-   refresh record as ``userMetadata``).
+   refresh record as ``userMetadata``). The commit is checked: it lands only if no other refresh committed
+   to the table since the version the frontier was read at (a Delta idempotent transaction, see
+   :mod:`connectors.delta_sink`); otherwise the refresh starts again from the winner's frontier.
 4. Only then are the history and the catalog updated. If the process dies between 3 and 4, the next
    refresh finds a committed refresh id the history does not know, writes the missing record (marked
    ``recovered``) and continues from the committed frontier.
+
+A delta that changes nothing commits nothing: the table at its current version then equals the query at
+the new frontier too, which the catalog records as a *soft frontier* (``StreamTableDef.soft_frontier``),
+valid only while the table stays at that version. It saves a commit per empty refresh, and a lost catalog
+write only costs re-reading the window.
+
+Every source is identified by its Delta table id as well as its version (``source_ids`` in the record): a
+source dropped and re-created under the same name starts a new log whose versions mean nothing to the old
+frontier, so the next refresh REINITIALIZEs. A source whose schema changed in the window REINITIALIZEs too,
+after checking that the query still analyses over it (else the table goes to ERROR, naming the source).
 """
 
 from __future__ import annotations
@@ -25,13 +37,12 @@ from typing import Any
 
 import dvm
 from connectors import delta_sink
-from connectors.delta_log import DeltaLog
+from connectors.delta_log import DeltaLog, Window
 from dvm.context import Context, SourceRef, quote
-from dvm.operators import RecursiveCte
 from dvm.plan import bag_rows_sql
 from pipeline import fixpoints
 from pipeline.catalog import Catalog, StreamTableDef
-from pipeline.errors import RefreshError, SourceError, UnsupportedError
+from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 
 
 @dataclass
@@ -93,28 +104,40 @@ class Refresher:
 
     # --- plans ---
 
-    def plan(self, d: StreamTableDef) -> dvm.Plan | None:
-        """The compiled query, or None when it can only be refreshed FULL."""
-        key = (d.name, d.maintained_query)
+    def plan(self, d: StreamTableDef, windows: dict[str, Window] | None = None) -> dvm.Plan | None:
+        """The compiled query, or None when it can only be refreshed FULL. Compiled against the sources'
+        schemas at the refresh's post frontier (``windows``; else as they are now), and again whenever one
+        changes."""
+        if d.full_reason is not None:
+            return None
+        schemas = self.source_schemas(d, windows)
+        key = (d.name, d.maintained_query, tuple(d.names), repr(sorted(schemas.items())))
         if key not in self._plans:
-            if d.full_reason is not None:
-                self._plans[key] = None
-            else:
-                schemas = self.source_schemas(d)
-                plan = dvm.compile_query(d.maintained_query, schemas, d.dialect)
-                plan.names = list(d.names)
-                self._plans[key] = plan
+            self._plans = {k: v for k, v in self._plans.items() if k[0] != d.name}
+            plan = dvm.compile_query(d.maintained_query, schemas, d.dialect)
+            plan.names = list(d.names)
+            self._plans[key] = plan
         return self._plans[key]
 
-    def source_schemas(self, d: StreamTableDef) -> dict[str, list[tuple[str, str]]]:
+    def source_schemas(self, d: StreamTableDef,
+                       windows: dict[str, Window] | None = None) -> dict[str, list[tuple[str, str]]]:
+        """Each source's columns: a stream table's from the catalog, a base table's from its Delta log (the
+        ``metaData`` a refresh read anyway; no Spark job)."""
         out = {}
         for key, src in d.sources.items():
             if src.kind == "stream_table":
                 up = self.catalog.get(key)
                 out[key] = list(zip(up.names, up.types, strict=True))
-            else:
-                schema = self.spark.read.format("delta").load(src.path).schema
-                out[key] = [(f.name, f.dataType.simpleString()) for f in schema.fields]
+                continue
+            window = windows.get(key) if windows else None
+            meta = window.meta if window is not None else None
+            if meta is None:
+                log = DeltaLog(self.spark, src.path)
+                latest = log.latest_version()
+                meta = log.metadata(latest) if latest is not None else None
+            if meta is None:
+                raise SourceError(f"source {key} of stream table {d.name} no longer exists at {src.path}")
+            out[key] = meta.columns()
         return out
 
     # --- refresh ---
@@ -163,34 +186,63 @@ class Refresher:
             except _Inconsistent:
                 raise
             except Exception as e:
-                if retry_conflicts and _is_write_conflict(e):
-                    raise _WriteConflict(_first_line(e)) from e
+                if _is_write_conflict(e):
+                    if retry_conflicts:
+                        raise _WriteConflict(_first_line(e)) from e
+                    e = RefreshError(f"stream table {name}: lost {CONFLICT_RETRIES + 1} commit races in a row to "
+                                     f"another writer refreshing it ({_first_line(e)}); nothing was applied "
+                                     "twice; retry later, or refresh it from one process only")
+                    self._record_error(d, started, t0, e)
+                    raise e from None
                 self._record_error(d, started, t0, e)
                 raise
 
-    def _committed(self, d: StreamTableDef) -> tuple[dict[str, int] | None, dict[str, Any] | None]:
-        found = DeltaLog(self.spark, d.path).last_trickle_commit()
+    def _committed(self, d: StreamTableDef) -> _Committed:
+        """What the stream table holds now: the refresh record of its newest refresh commit, the version
+        the table is at (which the next commit is checked against), and the soft frontier when it still
+        applies (see the module docstring)."""
+        log = DeltaLog(self.spark, d.path)
+        version = log.latest_version()
+        found = log.last_trickle_commit()
         if found is None:
-            return None, None
-        _, meta = found
-        return {k: int(v) for k, v in meta.get("frontier", {}).items()}, meta
+            return _Committed(version, None, None)
+        meta = found[1]
+        soft = d.soft_frontier
+        if soft is not None and soft.get("table_version") == version and soft.get("refresh_id") == meta.get(
+                "refresh_id"):
+            meta = {**meta, **{k: soft[k] for k in ("frontier", "base_frontier", "source_ids") if k in soft}}
+        return _Committed(version, {k: int(v) for k, v in meta.get("frontier", {}).items()}, meta)
 
     def latest_frontier(self, d: StreamTableDef, pin: dict[str, int] | None = None,
-                        pre: dict[str, int] | None = None) -> dict[str, int]:
+                        pre: dict[str, int] | None = None) -> tuple[dict[str, int], dict[str, str]]:
         """The post frontier: each source's latest version, except that a base source already read in
-        this refresh call keeps the version it was read at (``pin``, filled here); never behind ``pre``."""
-        out = {}
+        this refresh call keeps the version it was read at (``pin``, filled here); never behind ``pre``.
+        Also: the base sources whose log is now *behind* ``pre`` (key -> why), which only a table dropped and
+        re-created under the same name explains."""
+        out, replaced = {}, {}
         for key, src in d.sources.items():
             v = pin.get(src.path) if pin is not None and src.kind != "stream_table" else None
             if v is None:
                 v = DeltaLog(self.spark, src.path).latest_version()
                 if v is None:
-                    raise SourceError(f"source {key} of stream table {d.name} no longer exists at {src.path}")
+                    raise SourceError(f"source {key} of stream table {d.name} no longer exists at {src.path}; "
+                                      "re-create it, or drop the stream table")
                 if pin is not None and src.kind != "stream_table":
                     pin[src.path] = v
-            if pre is not None and key in pre and pre[key] > v:
+                if pre is not None and key in pre and pre[key] > v and src.kind != "stream_table":
+                    replaced[key] = (f"source {key} was dropped and re-created: its log ends at version {v}, "
+                                     f"before version {pre[key]} this table reflects")
+            if pre is not None and key in pre and pre[key] > v and key not in replaced:
                 v = pre[key]  # moved by a refresh outside this call; the consistency check decides
             out[key] = v
+        return out, replaced
+
+    def windows(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int]) -> dict[str, Window]:
+        """Each source's log read once for this refresh: identity, schema, truncates, insert-only, sizes."""
+        out = {}
+        for key, src in d.sources.items():
+            before = None if pre is None else pre.get(key)
+            out[key] = DeltaLog(self.spark, src.path).window(before, post[key])
         return out
 
     def base_frontier(self, d: StreamTableDef, post: dict[str, int]) -> dict[str, int]:
@@ -214,65 +266,97 @@ class Refresher:
                 add(src.path, post[key], key)
                 continue
             meta = DeltaLog(self.spark, src.path).trickle_metadata_at(post[key]) or {}
+            soft = self.catalog.get(key).soft_frontier if self.catalog.exists(key) else None
+            if soft is not None and soft.get("table_version") == post[key]:
+                meta = soft  # the upstream's empty refreshes since its last commit moved it along
             for path, version in (meta.get("base_frontier") or {}).items():
                 add(path, int(version), key)
         return out
 
     def _refresh(self, d: StreamTableDef, started: float, t0: float, pin: dict[str, int]) -> RefreshResult:
-        pre, meta = self._committed(d)
+        committed = self._committed(d)
+        pre, meta = committed.frontier, committed.meta
         recovered = False
         if meta is not None and meta.get("refresh_id") != d.last_refresh_id:
             recovered = self._recover(d, meta, pre)
-        post = self.latest_frontier(d, pin, pre)
+        post, replaced = self.latest_frontier(d, pin, pre)
+        windows = self.windows(d, pre, post)
+        ids = {k: w.meta.id for k, w in windows.items() if w.meta is not None}
+        known = (meta or {}).get("source_ids") or {}
+        for key, new_id in ids.items():
+            if known.get(key) not in (None, new_id) and key not in replaced:
+                replaced[key] = f"source {key} was dropped and re-created (Delta table id {known[key]} -> {new_id})"
         base = self.base_frontier(d, post)
-        if pre is not None and pre == post:
+        if pre is not None and pre == post and not replaced:
             result = RefreshResult(d.name, "NO_DATA", "no source changed since the last refresh",
                                    duration_ms=(time.perf_counter() - t0) * 1000, frontier=post,
                                    refresh_id=d.last_refresh_id, recovered=recovered)
             self._record_no_data(d, started, result)
             return result
-        action, reason = self._decide(d, pre, post)
+        action, reason = self._decide(d, pre, post, windows, replaced)
         refresh_id = uuid.uuid4().hex[:16]
         record = {"refresh_id": refresh_id, "frontier": post, "action": action, "name": d.name,
-                  "base_frontier": base}
-        counts: dict[str, int]
+                  "base_frontier": base, "source_ids": ids}
+        counts: dict[str, int] | None
         if action == "DIFFERENTIAL":
             try:
-                counts = self._differential(d, pre, post, record)  # type: ignore[arg-type]
+                counts = self._differential(d, pre, post, windows, record,  # type: ignore[arg-type]
+                                            committed.version)
+            except delta_sink.CommitLost:
+                raise
             except Exception as e:  # noqa: BLE001 - decide below whether a FULL may replace it
-                if d.refresh_mode != "AUTO" or not _is_change_feed_error(e):
+                gone = _history_gone(e, d, pre, post)  # type: ignore[arg-type]
+                if gone is None and not (d.refresh_mode == "AUTO" and _is_change_feed_error(e)):
                     raise
-                if self.is_strict():
-                    raise RefreshError(f"stream table {d.name}: the change feed is unreadable for the window "
-                                       f"({_first_line(e)}); strict mode does not fall back to FULL") from e
-                action, reason = "FULL", f"change feed unreadable for the window ({_first_line(e)})"
+                why = gone or f"change feed unreadable for the window ({_first_line(e)})"
+                if d.refresh_mode != "AUTO" or self.is_strict():
+                    mode = "strict mode" if d.refresh_mode == "AUTO" else f"refresh_mode={d.refresh_mode}"
+                    raise SourceChangedError(
+                        f"stream table {d.name}: {why}; {mode} does not fall back to FULL. To recompute it once, "
+                        f"alter it to refresh_mode='AUTO' (its next refresh falls back to FULL) or 'FULL', "
+                        "refresh, and set the mode back; to keep the history longer, VACUUM the source with a "
+                        "RETAIN longer than the refresh interval") from e
+                action, reason = "FULL", f"{why}; recomputed at the post frontier"
                 record["action"] = action
-                counts = self._full(d, post, record)
+                counts = self._full(d, post, record, committed.version, windows)
         else:
-            counts = self._full(d, post, record)
+            counts = self._full(d, post, record, committed.version, windows,
+                                check_output=bool(replaced) or action == "REINITIALIZE")
         self.after_commit(d.name)
+        committed_nothing = counts is None
+        counts = counts or {"inserted": 0, "updated": 0, "deleted": 0}
         if action == "DIFFERENTIAL" and record.get("notes"):
             reason = f"{reason}; {'; '.join(record['notes'])}"
+        if committed_nothing:
+            reason = f"{reason}; the delta changed no row, so nothing was committed"
         duration = (time.perf_counter() - t0) * 1000
         result = RefreshResult(d.name, action, reason, counts["inserted"], counts["deleted"], counts["updated"],
                                duration, post, refresh_id, recovered)
-        self._record_ok(d, started, result)
+        soft = None
+        if committed_nothing:
+            soft = {"table_version": committed.version, "refresh_id": (meta or {}).get("refresh_id"),
+                    "frontier": post, "base_frontier": base, "source_ids": ids}
+        self._record_ok(d, started, result, soft)
         return result
 
-    def _decide(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int]) -> tuple[str, str]:
+    def _decide(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int],
+                windows: dict[str, Window], replaced: dict[str, str]) -> tuple[str, str]:
         if pre is None:
             return "FULL", "initial population"
         if set(pre) != set(post):
             return "REINITIALIZE", "the set of sources changed"
+        if replaced:
+            return "REINITIALIZE", "; ".join(replaced.values())
+        for key, w in windows.items():
+            if w.schema_changed_at is not None:
+                return "REINITIALIZE", f"source {key} changed its schema at version {w.schema_changed_at}"
         if d.refresh_mode == "FULL":
             return "FULL", "refresh_mode is FULL"
-        for key, src in d.sources.items():
-            if src.kind != "stream_table" and post[key] > pre[key]:
-                v = DeltaLog(self.spark, src.path).truncated_between(pre[key], post[key])
-                if v is not None:
-                    # a truncate's delta is "every row deleted": recomputing from the (small) remaining
-                    # source is cheaper than differentiating it, and it re-bases every hidden state
-                    return "FULL", f"source {key} was truncated (version {v})"
+        for key, w in windows.items():
+            if d.sources[key].kind != "stream_table" and w.truncated_at is not None:
+                # a truncate's delta is "every row deleted": recomputing from the (small) remaining
+                # source is cheaper than differentiating it, and it re-bases every hidden state
+                return "FULL", f"source {key} was truncated (version {w.truncated_at})"
         if d.full_reason is not None:
             if d.refresh_mode in ("DIFFERENTIAL", "IMMEDIATE"):
                 raise RefreshError(f"stream table {d.name} cannot be refreshed differentially: {d.full_reason}")
@@ -283,42 +367,42 @@ class Refresher:
         return "DIFFERENTIAL", "source changes applied as a delta"
 
     def context(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int],
-                insert_only: bool = False) -> Context:
-        """The sources of one refresh. ``insert_only``: also find out, from each changed source's log, whether
-        its window only inserted rows (rules that can use it ask for it: see :meth:`_needs_insert_only`)."""
+                windows: dict[str, Window] | None = None) -> Context:
+        """The sources of one refresh; ``windows`` (see :meth:`windows`) say which only inserted rows (rules
+        that can use it: recursive CTEs) and how large each source is (holding, code generation)."""
         refs = {}
         for key, src in d.sources.items():
             before = None if pre is None else pre.get(key)
-            log = DeltaLog(self.spark, src.path)
-            only = (insert_only and before is not None and post[key] > before
-                    and log.inserts_only_between(before, post[key]))
+            w = windows.get(key) if windows is not None else None
+            only = bool(w is not None and before is not None and post[key] > before and w.insert_only)
             sizes: dict[int, int] = {}
             if before is not None:  # differential only: its SQL is unshared after rendering (see Context.table)
-                sizes = {v: size for v in {before, post[key]} if (size := log.table_size(v)) is not None}
+                if w is not None:
+                    sizes = dict(w.sizes)
+                else:
+                    log = DeltaLog(self.spark, src.path)
+                    sizes = {v: size for v in {before, post[key]} if (size := log.table_size(v)) is not None}
             refs[key] = SourceRef(src.path, post[key], before, src.mult_col, only, sizes)
         hold_below = int(self.spark.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
         return Context(refs, target_path=d.path, materialize_changes=True, hold_below=hold_below)
 
-    @staticmethod
-    def _needs_insert_only(plan: dvm.Plan | None) -> bool:
-        return plan is not None and any(isinstance(n, RecursiveCte) for n in plan.root.walk())
-
     def _differential(self, d: StreamTableDef, pre: dict[str, int], post: dict[str, int],
-                      record: dict[str, Any]) -> dict[str, int]:
-        plan = self.plan(d)
+                      windows: dict[str, Window], record: dict[str, Any],
+                      read_version: int | None) -> dict[str, int] | None:
+        """Apply the delta of (pre, post]; None when it changes nothing (nothing committed)."""
+        plan = self.plan(d, windows)
         assert plan is not None
-        ctx = self.context(d, pre, post, self._needs_insert_only(plan))
+        ctx = self.context(d, pre, post, windows)
         src = plan.merge_source_sql(ctx, d.types)
         src = ctx.unshare_single_reads(src) if src is not None else None
         if ctx.notes:
             record["notes"] = list(ctx.notes)
         if src is None:
-            delta_sink.mark_frontier(self.spark, d.path, record)
-            return {"inserted": 0, "updated": 0, "deleted": 0}
+            return None
         target = f"delta.{quote(d.path)}"
         with fixpoints.evaluated(self.spark, ctx):
             return delta_sink.merge(self.spark, d.path, src, lambda rows: plan.merge_statement(target, rows),
-                                    record, interpreted=self.small(d, ctx),
+                                    record, read_version, interpreted=self.small(d, ctx),
                                     conf=fixpoints.read_conf(ctx))
 
     def small(self, d: StreamTableDef, ctx: Context) -> bool:
@@ -338,10 +422,11 @@ class Refresher:
             return False
         return sum(sizes) < limit  # type: ignore[arg-type]
 
-    def full_sql(self, d: StreamTableDef, post: dict[str, int], ctx: Context | None = None) -> str:
+    def full_sql(self, d: StreamTableDef, post: dict[str, int], ctx: Context | None = None,
+                 windows: dict[str, Window] | None = None) -> str:
         """The stream table's rows at ``post``. Fixpoints it reads are registered in ``ctx`` (see
         :mod:`pipeline.fixpoints`): pass one and evaluate them around the query."""
-        plan = self.plan(d)
+        plan = self.plan(d, windows)
         ctx = ctx if ctx is not None else self.context(d, None, post)
         if plan is not None:
             return plan.full_sql(ctx, d.types)
@@ -362,11 +447,41 @@ class Refresher:
                 out[key] = table
         return out
 
-    def _full(self, d: StreamTableDef, post: dict[str, int], record: dict[str, Any]) -> dict[str, int]:
+    def _full(self, d: StreamTableDef, post: dict[str, int], record: dict[str, Any], read_version: int | None,
+              windows: dict[str, Window], check_output: bool = False) -> dict[str, int]:
+        """Recompute the table at ``post``. ``check_output`` (a source was replaced or changed its schema):
+        first make sure the query still analyses over the sources and still has the table's columns; a query
+        that lost a column fails with :class:`SourceChangedError`, and changed output types are adopted."""
+        if check_output:
+            self._check_output(d, post, windows)
         ctx = self.context(d, None, post)
-        sql = self.full_sql(d, post, ctx)
+        sql = self.full_sql(d, post, ctx, windows)
         with fixpoints.evaluated(self.spark, ctx):
-            return delta_sink.overwrite(self.spark, fixpoints.reader(self.spark, ctx).sql(sql), d.path, record)
+            return delta_sink.overwrite(self.spark, fixpoints.reader(self.spark, ctx).sql(sql), d.path, record,
+                                        read_version)
+
+    def _check_output(self, d: StreamTableDef, post: dict[str, int], windows: dict[str, Window]) -> None:
+        changed = [f"{k} (version {w.schema_changed_at})" for k, w in windows.items() if w.schema_changed_at]
+        why = f"source {', '.join(changed)} changed its schema" if changed else "a source was re-created"
+        pinned = dvm.parser.pin_sources(dvm.parser.analyzable(d.maintained_query), self.from_items(d, post),
+                                        d.dialect)
+        try:
+            schema = self.spark.sql(pinned).schema
+        except Exception as e:  # noqa: BLE001 - AnalysisException: a column or table the query reads is gone
+            raise SourceChangedError(
+                f"stream table {d.name} no longer matches its sources: {why}, and its query fails over them: "
+                f"{_first_line(e)}. Restore the column, or drop and re-create the stream table with a query "
+                "that matches the new schema") from None
+        names = [f.name for f in schema.fields]
+        types = [f.dataType.simpleString() for f in schema.fields]
+        if [n.lower() for n in names] != [n.lower() for n in d.names]:
+            raise SourceChangedError(
+                f"stream table {d.name}: {why}, and its query's output columns changed from {d.names} to "
+                f"{names}; drop and re-create the stream table (or list its columns instead of *)")
+        if types != d.types:
+            fresh = self.catalog.get(d.name)
+            fresh.types = d.types = types
+            self.catalog.put(fresh)
 
     # --- bookkeeping ---
 
@@ -390,7 +505,8 @@ class Refresher:
         self.catalog.put(d)
         return True
 
-    def _record_ok(self, d: StreamTableDef, started: float, r: RefreshResult) -> None:
+    def _record_ok(self, d: StreamTableDef, started: float, r: RefreshResult,
+                   soft: dict[str, Any] | None = None) -> None:
         self.catalog.append_history(d.name, {
             "refresh_id": r.refresh_id, "name": d.name, "action": r.action, "reason": r.reason, "status": "OK",
             "started_at": started, "finished_at": time.time(), "duration_ms": round(r.duration_ms, 1),
@@ -399,7 +515,9 @@ class Refresher:
         })
         fresh = self.catalog.get(d.name)  # keep concurrent ALTERs (status, schedule) intact
         fresh.frontier = r.frontier
-        fresh.last_refresh_id = r.refresh_id
+        fresh.soft_frontier = soft
+        if soft is None:
+            fresh.last_refresh_id = r.refresh_id
         fresh.last_refresh_at = time.time()
         fresh.last_action = r.action
         fresh.consecutive_errors = 0
@@ -431,6 +549,8 @@ class Refresher:
         })
         fresh.consecutive_errors += 1
         fresh.last_error = _first_line(e)
+        if isinstance(e, SourceChangedError) and fresh.status == "ACTIVE":
+            fresh.status = "ERROR"  # retrying cannot help: stop scheduling it until a user acts
         self.catalog.put(fresh)
 
 
@@ -452,6 +572,16 @@ class _WriteConflict(Exception):
     """Delta refused our commit because another writer committed to the same table first."""
 
 
+@dataclass(frozen=True)
+class _Committed:
+    """The stream table as a refresh finds it: its latest version (the next commit is checked against it),
+    the frontier its contents reflect and the refresh record (None: never populated)."""
+
+    version: int | None
+    frontier: dict[str, int] | None
+    meta: dict[str, Any] | None
+
+
 #: Delta's optimistic-concurrency failures (io.delta.exceptions.*): the transaction did not commit
 _CONFLICTS = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
               "ConcurrentTransactionException", "MetadataChangedException", "ProtocolChangedException",
@@ -459,6 +589,8 @@ _CONFLICTS = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "Con
 
 
 def _is_write_conflict(e: BaseException) -> bool:
+    if isinstance(e, delta_sink.CommitLost):
+        return True
     head = "\n".join(str(e).splitlines()[:3])
     return any(c in head for c in _CONFLICTS)
 
@@ -466,6 +598,26 @@ def _is_write_conflict(e: BaseException) -> bool:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"[:500]
+
+
+#: errors of reading a version whose files are gone: VACUUM (or log cleanup) removed what the window needs
+_HISTORY_GONE = ("FAILED_READ_FILE.FILE_NOT_EXIST", "DELTA_UNSUPPORTED_TIME_TRAVEL_BEYOND_DELETED_FILE_RETENTION",
+                 "DELTA_FILE_NOT_FOUND", "FileNotFoundException", "VersionNotFound", "DELTA_MISSING_CHANGE_DATA",
+                 "DELTA_VERSIONS_NOT_CONTIGUOUS", "DELTA_CHANGE_DATA_FILE_NOT_FOUND")
+
+
+def _history_gone(e: BaseException, d: StreamTableDef, pre: dict[str, int], post: dict[str, int]) -> str | None:
+    """When ``e`` says files of the change window are gone: which source(s) and versions, for the reason or
+    the error; None for any other error. The source is the one whose path the message names (else all that
+    changed)."""
+    text = str(e)
+    if not any(s in text for s in _HISTORY_GONE):
+        return None
+    changed = [k for k in d.sources if pre.get(k) != post.get(k)]
+    named = [k for k in changed if d.sources[k].path.rstrip("/") + "/" in text] or changed
+    parts = [f"{k} between versions {pre.get(k)} and {post[k]}" for k in named]
+    return (f"the change history of source {', '.join(parts)} is no longer readable (files it needs were "
+            f"removed, e.g. by VACUUM: {_first_line(e)[:200]})")
 
 
 def _is_change_feed_error(e: BaseException) -> bool:

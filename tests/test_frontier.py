@@ -231,9 +231,10 @@ def test_losing_a_commit_race_is_retried_without_an_error(
     real = delta_sink.overwrite
     raced: list[bool] = []
 
-    def overwrite_losing_once(session: Any, df: Any, path: str, record: dict[str, Any]) -> dict[str, int]:
+    def overwrite_losing_once(session: Any, df: Any, path: str, record: dict[str, Any],
+                              read_version: int | None) -> dict[str, int]:
         if raced:
-            return real(session, df, path, record)
+            return real(session, df, path, record, read_version)
         raced.append(True)
         assert other.refresh_stream_table("raced").action == "FULL"  # the other process wins the race
         raise RuntimeError("An error occurred while calling o1.save.\n: io.delta.exceptions.ProtocolChangedException: "
