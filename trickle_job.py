@@ -6,7 +6,9 @@ Why a file at the root: spark-submit runs a *file* as ``__main__`` with that fil
 ``sys.path``, so this is where the ``pipeline``, ``dvm`` and ``connectors`` packages import from without
 an install. Settings given to spark-submit (``--master``, ``--conf``, ``--jars``) win over the
 small-machine defaults; the conf file's ``spark:`` mapping wins over both. Exit status as ``trickle run``:
-0 after SIGTERM/SIGINT once the current micro-batches are committed, 2 on a configuration error.
+0 after SIGTERM/SIGINT once the current micro-batches are committed, 2 on a configuration error or when
+a Kafka source's brokers do not answer at start. When the JVM itself gets SIGTERM (spark-submit's driver),
+it exits with 143 after the pipeline stopped (see ``pipeline.cli._JvmStopHook``).
 """
 
 from __future__ import annotations

@@ -28,9 +28,10 @@ ids restart at 0 and must not be mistaken for old ones).
 
 from __future__ import annotations
 
+import difflib
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,35 @@ USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 #: Columns of every dead-letter table.
 DEAD_LETTER_DDL = ("source STRING, topic STRING, partition INT, offset BIGINT, key BINARY, value BINARY, "
                    "error STRING, batch_id BIGINT, recorded_at TIMESTAMP")
+
+#: Kafka client timeouts of the ingestion query (and of the start-up probe) unless the source's
+#: ``kafka_options`` set them. With Kafka's defaults (request 30 s, API calls 60 s) a broker that is down
+#: showed only after ~3 minutes (Spark fetches offsets with an admin client and tries 3 times: 3 x 60 s),
+#: and stopping the query waited up to 60 s more in the admin client's close() for its call to the dead
+#: broker. A healthy broker answers a metadata or offsets request in milliseconds; a fetch returns after
+#: ``fetch.max.wait.ms`` (0.5 s), so 10 s leaves a wide margin.
+REQUEST_TIMEOUT_MS = 10_000
+API_TIMEOUT_MS = 10_000
+
+
+def client_timeouts(options: Mapping[str, str]) -> dict[str, str]:
+    """The ``kafka.request.timeout.ms`` / ``kafka.default.api.timeout.ms`` to add to a source's options.
+
+    Ours only where the user gave none: a user's value always wins. When the user gave one of the two, the
+    other is derived from it, because Kafka's admin client refuses an explicit API timeout below the request
+    timeout (``ConfigException``)."""
+    req, api = options.get("kafka.request.timeout.ms"), options.get("kafka.default.api.timeout.ms")
+    if req is None and api is None:
+        return {"kafka.request.timeout.ms": str(REQUEST_TIMEOUT_MS), "kafka.default.api.timeout.ms": str(API_TIMEOUT_MS)}
+    try:
+        if api is None:
+            return {"kafka.default.api.timeout.ms": str(max(API_TIMEOUT_MS, int(str(req))))}
+        if req is None:
+            return {"kafka.request.timeout.ms": str(min(REQUEST_TIMEOUT_MS, int(str(api))))}
+    except ValueError:
+        pass  # not a number: Kafka's own error names the option
+    return {}
+
 
 @dataclass(frozen=True)
 class KafkaSource:
@@ -234,7 +264,7 @@ def start(spark: Any, src: KafkaSource, checkpoint: str, trigger_seconds: float 
     app_id = _app_id(checkpoint)
     reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", src.bootstrap_servers)
               .option("subscribe", src.topic).option("startingOffsets", src.starting_offsets))
-    for k, v in src.options.items():
+    for k, v in {**client_timeouts(src.options), **src.options}.items():
         reader = reader.option(k, v)
 
     def run(batch: Any, batch_id: int) -> None:
@@ -243,3 +273,91 @@ def start(spark: Any, src: KafkaSource, checkpoint: str, trigger_seconds: float 
     return (reader.load().writeStream.foreachBatch(run).queryName(f"trickle_mirror_{src.name}")
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime=f"{trigger_seconds} seconds").start())
+
+
+# --- start-up probe ---
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a short admin-client check of one Kafka cluster found, before any ingestion query starts.
+
+    Why: Spark's Kafka source does not fail when no broker answers; it retries for minutes while the
+    pipeline looks healthy (stream tables refresh with NO_DATA). Asking first turns a wrong address, a
+    broker that is down or a security mismatch into an error at start-up."""
+
+    bootstrap_servers: str
+    error: str | None  # why the brokers did not answer (None: they did)
+    missing: dict[str, list[str]]  # topic not listed by the cluster -> existing topics with similar names
+
+
+def _java_error(e: BaseException) -> str:
+    """The innermost cause of a py4j error as ``ExceptionClass: message`` (Kafka wraps the useful one in an
+    ExecutionException)."""
+    cause = getattr(e, "java_exception", None)
+    if cause is None:
+        return f"{type(e).__name__}: {e}"
+    while cause.getCause() is not None:
+        cause = cause.getCause()
+    return f"{cause.getClass().getSimpleName()}: {cause.getMessage()}"
+
+
+def unreachable(bootstrap_servers: str, timeout_s: float) -> str | None:
+    """Why no bootstrap address accepts a TCP connection (None: at least one does).
+
+    A plain connect tells a refused port, an unknown host and a silent network apart at once, where
+    Kafka's client retries for its whole timeout and then reports only that it timed out."""
+    import socket
+
+    errors = []
+    for addr in (a.strip() for a in bootstrap_servers.split(",") if a.strip()):
+        host, _, port = addr.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or addr, int(port)), timeout=timeout_s):
+                return None
+        except (OSError, ValueError) as e:
+            reason = "timed out" if isinstance(e, TimeoutError) else (
+                e.strerror or str(e) if isinstance(e, OSError) else f"not host:port ({e})")
+            errors.append(f"{addr}: {reason}")
+    return "; ".join(errors) or "no address given"
+
+
+def probe(spark: Any, bootstrap_servers: str, options: Mapping[str, str], topics: list[str],
+          timeout_s: float) -> Probe:
+    """Ask the cluster at ``bootstrap_servers`` for its brokers and topics, waiting at most ``timeout_s``.
+
+    Uses Kafka's Java admin client, the one Spark's Kafka source uses, with the source's ``kafka.*``
+    options: the security settings (``kafka.security.protocol``, ``kafka.sasl.*``, ``kafka.ssl.*``) are
+    checked exactly as the ingestion query will use them."""
+    from py4j.protocol import Py4JError
+
+    refused = unreachable(bootstrap_servers, min(timeout_s, 3.0))
+    if refused is not None:
+        return Probe(bootstrap_servers, refused, {})
+    jvm = spark.sparkContext._jvm
+    admin_pkg = jvm.org.apache.kafka.clients.admin
+    props = jvm.java.util.Properties()
+    for k, v in {**client_timeouts(options), **options}.items():
+        if k.startswith("kafka."):
+            props.setProperty(k[len("kafka."):], str(v))
+    props.setProperty("bootstrap.servers", bootstrap_servers)
+    props.setProperty("client.id", "trickle-probe")
+    ms = max(1, int(timeout_s * 1000))
+    unit = jvm.java.util.concurrent.TimeUnit.MILLISECONDS
+    try:
+        admin = admin_pkg.AdminClient.create(props)
+    except Py4JError as e:  # a bad kafka.* option (ConfigException), a JAAS file that is missing...
+        return Probe(bootstrap_servers, _java_error(e), {})
+    try:
+        admin.describeCluster(admin_pkg.DescribeClusterOptions().timeoutMs(ms)).nodes().get(ms + 2000, unit)
+        names = {str(t) for t in admin.listTopics(admin_pkg.ListTopicsOptions().timeoutMs(ms)).names()
+                 .get(ms + 2000, unit)}
+    except Py4JError as e:
+        return Probe(bootstrap_servers, _java_error(e), {})
+    finally:
+        try:
+            admin.close(jvm.java.time.Duration.ofMillis(0))  # abandon calls still pending: nothing to wait for
+        except Py4JError:
+            pass
+    missing = {t: difflib.get_close_matches(t, sorted(names), n=3, cutoff=0.6) for t in topics if t not in names}
+    return Probe(bootstrap_servers, None, missing)

@@ -210,6 +210,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         raise TrickleError("alter: give at least one of --schedule, --mode, --status")
     if args.command == "create":
         args.query_text = _read_query(args)
+    if args.command == "run" and conf is not None:
+        from pipeline.runtime import check_kafka_reachable
+
+        check_kafka_reachable(conf)  # a Kafka source nobody listens for fails before Spark starts
     args.warehouse_path = warehouse
 
     spark, st = _open(
@@ -390,7 +394,26 @@ def _cmd_status(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | 
         print("no stream tables")
     else:
         print(format_table(rows, STATUS_COLUMNS))
+    if not args.json:
+        _print_sources_status(conf, args.warehouse_path)
     return EXIT_OK
+
+
+#: Columns of the Kafka sources' table under ``trickle status`` (written by ``trickle run``).
+SOURCE_COLUMNS = ("name", "status", "since", "topic", "bootstrap_servers", "error")
+
+
+def _print_sources_status(conf: TrickleConf | None, warehouse: Path) -> None:
+    """The Kafka sources' state as the running (or last) ``trickle run`` of this warehouse wrote it: a
+    source whose brokers stopped answering shows DOWN here, while its stream tables still look ACTIVE."""
+    from pipeline.runtime import read_sources_status
+
+    doc = read_sources_status(Path(conf.checkpoints) if conf and conf.checkpoints else warehouse / "_checkpoints")
+    if not doc or not doc.get("sources"):
+        return
+    print(f"\nKafka sources (trickle run, pid {doc.get('pid')}):")
+    rows = [{**r, "since": _epoch_to_datetime(r.get("since"))} for r in doc["sources"]]
+    print(format_table(rows, SOURCE_COLUMNS))
 
 
 def _cmd_history(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
@@ -430,7 +453,7 @@ def _cmd_run(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | Non
     done = threading.Event()
     restore = _install_stop_handlers(stop)
     runtime = Runtime(st, conf, log, args.warehouse_path)
-    _install_jvm_stop_hook(st.spark, stop, done, log)
+    remove_hook = _install_jvm_stop_hook(st.spark, stop, done, log)
     try:
         runtime.start_sources()
         runtime.create_stream_tables(stop)
@@ -440,6 +463,7 @@ def _cmd_run(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | Non
             runtime.stop()
         finally:
             done.set()
+            remove_hook()
             restore()
     return EXIT_OK
 
@@ -456,12 +480,18 @@ class _JvmStopHook:
 
     def __init__(self, stop: threading.Event, done: threading.Event, log: _Logger) -> None:
         self.stop, self.done, self.log = stop, done, log
+        self.called = threading.Event()  # the JVM is running this hook
+        self.returning = threading.Event()  # ... and it is about to return
 
     def apply(self) -> None:
-        if not self.done.is_set():
-            self.log.event("jvm_shutdown", action="stopping the pipeline before Spark stops")
-            self.stop.set()
-            self.done.wait(JVM_STOP_GRACE_S)
+        self.called.set()
+        try:
+            if not self.done.is_set():
+                self.log.event("jvm_shutdown", action="stopping the pipeline before Spark stops")
+                self.stop.set()
+                self.done.wait(JVM_STOP_GRACE_S)
+        finally:
+            self.returning.set()
 
     class Java:
         implements = ["scala.Function0"]
@@ -471,7 +501,20 @@ class _JvmStopHook:
 setattr(_JvmStopHook, "apply$mcV$sp", _JvmStopHook.apply)
 
 
-def _install_jvm_stop_hook(spark: Any, stop: threading.Event, done: threading.Event, log: _Logger) -> None:
+#: How long Python stays after the JVM's call of the stop hook returned, so that py4j can send the answer.
+JVM_HOOK_ANSWER_S = 0.5
+
+
+def _install_jvm_stop_hook(
+    spark: Any, stop: threading.Event, done: threading.Event, log: _Logger
+) -> Callable[[], None]:
+    """Register :class:`_JvmStopHook`; returns the function that unregisters it, to call once the pipeline
+    stopped and before Python exits.
+
+    Why unregister: the JVM outlives Python by a moment (it exits when pyspark closes the gateway) and then
+    runs its shutdown hooks; a hook implemented in Python would fail there with an uncaught
+    ``Py4JException: Error while obtaining a new communication channel``, since nothing answers any more.
+    """
     from pyspark.java_gateway import ensure_callback_server_started
 
     gateway = spark.sparkContext._gateway
@@ -480,7 +523,18 @@ def _install_jvm_stop_hook(spark: Any, stop: threading.Event, done: threading.Ev
     # higher priority runs first: before the local executor's own stop hook (default priority) and the
     # one that stops the SparkContext
     priority = max(manager.DEFAULT_SHUTDOWN_PRIORITY(), manager.SPARK_CONTEXT_SHUTDOWN_PRIORITY()) + 10
-    manager.addShutdownHook(priority, _JvmStopHook(stop, done, log))
+    hook = _JvmStopHook(stop, done, log)
+    ref = manager.addShutdownHook(priority, hook)
+
+    def remove() -> None:
+        try:
+            manager.removeShutdownHook(ref)
+        except Exception:  # noqa: BLE001 - the JVM may be gone already; then no hook can run either
+            pass
+        if hook.called.is_set() and hook.returning.wait(JVM_STOP_GRACE_S):
+            time.sleep(JVM_HOOK_ANSWER_S)  # the JVM is waiting for this call's answer: let py4j send it
+
+    return remove
 
 
 def _install_stop_handlers(stop: threading.Event) -> Callable[[], None]:
@@ -522,12 +576,14 @@ class _Logger:
             tail = " ".join(f"{k}={v}" for k, v in fields.items())
             print(f"{stamp} {what} {tail}".rstrip(), flush=True)
 
-    def refresh(self, result: Any) -> None:
+    def refresh(self, result: Any, note: str | None = None) -> None:
+        """One refresh; ``note`` flags a result to read with care (say, a source that is DOWN)."""
         if self.json_lines:
-            self.event("refresh", **_jsonable(result))
+            self.event("refresh", **_jsonable(result), **({"note": note} if note else {}))
         else:
             stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            print(f"{stamp} refresh {describe_refresh(result)}", flush=True)
+            tail = f" [{note}]" if note else ""
+            print(f"{stamp} refresh {describe_refresh(result)}{tail}", flush=True)
 
     def error(self, message: str) -> None:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

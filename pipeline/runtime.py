@@ -11,21 +11,127 @@ Every tick re-reads the catalog, so stream tables created, altered, suspended or
 another process are picked up without a restart (an IMMEDIATE table created meanwhile gets its query).
 Stopping (SIGINT/SIGTERM) lets the refresh wave and each streaming query's current micro-batch finish,
 then stops the queries; every write is idempotent, so a hard kill loses nothing either.
+
+Kafka sources are watched, because Spark's Kafka source never fails fast: with no broker answering it
+retries for minutes while everything downstream looks healthy (NO_DATA refreshes). So the brokers of every
+Kafka source are asked first (:meth:`Runtime.probe_sources`: a source whose brokers do not answer stops the
+start with an error), and while running a source whose ingestion query waits for its brokers longer than
+:data:`STALL_SECONDS`, or whose query died, is DOWN: an error line repeated with back-off, and the state in
+``<checkpoints>/trickle_sources.json`` (shown by ``trickle status``) until the query makes progress again.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import os
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, SourceError
 
 if TYPE_CHECKING:
     from pipeline.api import StreamTables
     from pipeline.conf import TrickleConf
+
+
+#: How long the start-up probe waits for a Kafka source's brokers (unless its kafka_options set
+#: ``kafka.default.api.timeout.ms``, which then wins). A reachable broker answers in milliseconds.
+PROBE_TIMEOUT_S = 10.0
+#: An ingestion query still fetching its topic's offsets after this long has no broker answering: its source
+#: is DOWN. Spark's own failure comes later (3 attempts of ``kafka.default.api.timeout.ms``).
+STALL_SECONDS = 15.0
+#: What a streaming query's status message says while its Kafka source asks the brokers for offsets
+#: (Spark's MicroBatchExecution.constructNextBatch); nothing of a batch has been written yet.
+GETTING_OFFSETS = "Getting offsets from"
+#: Where the run writes the state of its Kafka sources, under the checkpoints folder.
+SOURCES_STATUS_FILE = "trickle_sources.json"
+
+
+@dataclass
+class SourceHealth:
+    """What the run loop knows about one Kafka source's ingestion (UP, DOWN, or STOPPED at the end)."""
+
+    name: str
+    topic: str
+    bootstrap_servers: str
+    status: str = "UP"
+    since: float = field(default_factory=time.time)
+    error: str | None = None
+    waiting_since: float | None = None  # the ingestion query has been fetching offsets since then
+    progress_mark: tuple[str, str] | None = None  # (run id, last progress time) when it went DOWN
+    warnings: int = 0
+    next_warning: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "since": self.since, "error": self.error,
+                "topic": self.topic, "bootstrap_servers": self.bootstrap_servers}
+
+
+def _stamp(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _first_line(error: Any) -> str:
+    """The message of a streaming query's exception without the plan Spark appends to it."""
+    text = str(error or "").strip()
+    return text.split("\n", 1)[0][:500] if text else "unknown error"
+
+
+def _progress_mark(q: Any) -> tuple[str, str] | None:
+    """Identifies the query's last progress report; a different mark means it made progress since."""
+    last = q.lastProgress
+    if not last:
+        return None
+    return (str(last.get("runId")), str(last.get("timestamp")))
+
+
+def _in_batch(q: Any) -> bool:
+    """A micro-batch is in flight (planned, being written): worth letting it finish before stopping. A
+    query only waiting for its brokers' offsets has written nothing of the batch yet."""
+    st = q.status
+    return bool(st.get("isTriggerActive")) and not str(st.get("message", "")).startswith(GETTING_OFFSETS)
+
+
+def read_sources_status(checkpoints: Path) -> dict[str, Any] | None:
+    """The Kafka sources' state a running (or the last) ``trickle run`` wrote (None: no file)."""
+    try:
+        return json.loads((checkpoints / SOURCES_STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _unreachable_message(conf: TrickleConf, specs: list[tuple[int, Any]], error: str) -> str:
+    """The start-up error for Kafka sources (``(index, spec)`` sharing one ``bootstrap_servers``) whose
+    brokers do not answer: the conf file, the sources, the servers, the topics, the cause, what to check."""
+    i, spec = specs[0]
+    names = ", ".join(repr(s.name) for _, s in specs)
+    topics = ", ".join(repr(s.topic) for _, s in specs)
+    return (f"{conf.path}: sources[{i}] {spec.name!r}: no Kafka broker answers at bootstrap_servers "
+            f"{spec.bootstrap_servers!r} ({error}), so source {names} cannot read topic {topics}. Check that a "
+            "broker is running there and reachable from this machine (host:port of a listener the broker "
+            "advertises; 'localhost' in a container is the container itself), and that kafka_options' "
+            "kafka.security.protocol / kafka.sasl.* / kafka.ssl.* match that listener.")
+
+
+def check_kafka_reachable(conf: TrickleConf, timeout_s: float = 3.0) -> None:
+    """Before Spark starts (seconds instead of a JVM start-up): fail when no bootstrap address of a Kafka
+    source accepts a TCP connection. :meth:`Runtime.probe_sources` asks the brokers themselves later."""
+    from connectors import kafka_mirror
+    from pipeline.conf import KafkaSourceSpec
+
+    groups: dict[str, list[tuple[int, KafkaSourceSpec]]] = {}
+    for i, spec in enumerate(conf.sources):
+        if isinstance(spec, KafkaSourceSpec):
+            groups.setdefault(spec.bootstrap_servers, []).append((i, spec))
+    for servers, specs in groups.items():
+        error = kafka_mirror.unreachable(servers, timeout_s)
+        if error is not None:
+            raise SourceError(_unreachable_message(conf, specs, error))
 
 
 class Runtime:
@@ -41,6 +147,9 @@ class Runtime:
         self.immediate: dict[str, Any] = {}
         self._sources: dict[str, tuple[Any, str, float]] = {}  # Kafka source name -> (source, checkpoint, trigger)
         self._restarts: dict[tuple[str, str], tuple[int, float]] = {}  # (kind, name) -> (restarts, next try)
+        self.health: dict[str, SourceHealth] = {}  # Kafka source name -> its ingestion's state
+        self._halt = threading.Event()  # ends the watcher thread
+        self._watcher: threading.Thread | None = None
 
     # --- start-up ---
 
@@ -51,6 +160,7 @@ class Runtime:
         from pipeline.conf import KafkaSourceSpec
 
         self.check_sources()
+        self.probe_sources()
         for spec in self.conf.sources:
             if isinstance(spec, KafkaSourceSpec):
                 src = kafka_mirror.KafkaSource(
@@ -60,6 +170,8 @@ class Runtime:
                 ckpt = self.checkpoints / f"mirror_{spec.name}"
                 self._sources[spec.name] = (src, str(ckpt), spec.trigger_seconds)
                 self.ingestion[spec.name] = kafka_mirror.start(self.spark, src, str(ckpt), spec.trigger_seconds)
+                self.health[spec.name] = SourceHealth(spec.name, spec.topic, spec.bootstrap_servers)
+                self._write_sources_status()
                 self.log.event("ingesting", source=spec.name, topic=spec.topic, mirror=spec.name,
                                dead_letter=src.dead_letter_table)
             elif spec.path is not None:
@@ -68,6 +180,57 @@ class Runtime:
             elif not self.spark.catalog.tableExists(spec.name):
                 raise ConfigError(f"{self.conf.path}: Delta source {spec.name!r} does not exist (create it, or "
                                   "give its 'path')")
+        if self.ingestion and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch_loop, name="trickle-ingestion-watch", daemon=True)
+            self._watcher.start()
+
+    def _watch_loop(self) -> None:
+        """Watch (and restart) the ingestion queries every second, in a thread of its own: the run loop
+        blocks while a refresh wave runs, and creating stream tables at start can take minutes; a broker
+        that goes away meanwhile must still be reported."""
+        while not self._halt.wait(1.0):
+            try:
+                self._check_queries(("ingestion",))
+            except Exception as e:  # noqa: BLE001 - keep watching; say what went wrong
+                self.log.error(f"watching the ingestion queries: {type(e).__name__}: {_first_line(e)}")
+
+    def probe_sources(self) -> None:
+        """Fail the start, naming the conf file, the source, its brokers and its topic, when a Kafka source's
+        brokers do not answer; warn when its topic is not on the cluster yet.
+
+        A broker that does not answer at start is a wrong address, a broker that is down, a network or a
+        security mismatch: starting anyway would look healthy for minutes while nothing is ingested. A
+        missing topic only warns: Debezium creates a table's topic with its first event (an empty table
+        has none yet) and the ingestion query picks the topic up when it appears."""
+        from connectors import kafka_mirror
+        from pipeline.conf import KafkaSourceSpec
+
+        groups: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[int, KafkaSourceSpec]]] = {}
+        for i, spec in enumerate(self.conf.sources):
+            if isinstance(spec, KafkaSourceSpec):
+                key = (spec.bootstrap_servers, tuple(sorted(spec.kafka_options.items())))
+                groups.setdefault(key, []).append((i, spec))
+        for (servers, options), specs in groups.items():
+            opts = dict(options)
+            try:
+                timeout_s = float(opts["kafka.default.api.timeout.ms"]) / 1000 if "kafka.default.api.timeout.ms" \
+                    in opts else PROBE_TIMEOUT_S
+            except ValueError:
+                timeout_s = PROBE_TIMEOUT_S
+            started = time.monotonic()
+            found = kafka_mirror.probe(self.spark, servers, opts, [s.topic for _, s in specs], timeout_s)
+            if found.error is not None:
+                raise SourceError(_unreachable_message(self.conf, specs, f"{found.error}; asked for "
+                                                                         f"{time.monotonic() - started:.1f} s"))
+            for i, spec in specs:
+                if spec.topic in found.missing:
+                    similar = found.missing[spec.topic]
+                    hint = f" (similar topics: {', '.join(similar)})" if similar else ""
+                    self.log.error(
+                        f"{self.conf.path}: sources[{i}] {spec.name!r}: topic {spec.topic!r} is not on the Kafka "
+                        f"cluster at {servers!r}{hint}; the mirror stays empty until it appears. Check the topic "
+                        "name (<topic.prefix>.<schema>.<table> for Debezium) and the client's ACLs; Debezium "
+                        "creates the topic with the table's first change event.")
 
     def check_sources(self) -> None:
         """Fail at start, naming the conf file and key, when a stream table reads a table that is neither
@@ -113,8 +276,8 @@ class Runtime:
                 sched.sync(status)
                 for outcome in sched.tick():
                     if outcome.ok and outcome.result is not None:
-                        self.log.refresh(outcome.result)
-                self._check_queries()
+                        self.log.refresh(outcome.result, note=self._stale_note(outcome.result))
+                self._check_queries(("stream table",))  # ingestion: the watcher thread
                 wake = sched.next_wakeup()
                 wait = rt.tick_seconds if wake is None else min(rt.tick_seconds, max(0.05, wake - time.time()))
                 stop.wait(wait)
@@ -137,7 +300,7 @@ class Runtime:
             del self.immediate[name]
             self.log.event("stopped", name=name)
 
-    def _check_queries(self) -> None:
+    def _check_queries(self, kinds: tuple[str, ...] = ("ingestion", "stream table")) -> None:
         """Restart a streaming query that died, with exponential back-off (the runtime's retry settings).
 
         Safe because both kinds are exactly-once from their checkpoints: ingestion re-applies a batch
@@ -150,14 +313,23 @@ class Runtime:
         rt = self.conf.runtime
         now = time.time()
         for kind, queries in (("ingestion", self.ingestion), ("stream table", self.immediate)):
+            if kind not in kinds:
+                continue
             for name, q in list(queries.items()):
-                if q is None or q.isActive:
+                if q is None:
+                    continue
+                if q.isActive:
+                    if kind == "ingestion":
+                        self._watch_ingestion(name, q, now)
                     continue
                 n, at = self._restarts.get((kind, name), (0, 0.0))
                 if at == 0.0 or at < 0:
                     delay = min(rt.retry_backoff_max_seconds, rt.retry_backoff_seconds * 2 ** n)
                     self._restarts[(kind, name)] = (n, now + delay)
-                    self.log.error(f"{kind} query of {name} stopped: {q.exception()}; restarting in {delay:.1f} s")
+                    error = _first_line(q.exception())
+                    self.log.error(f"{kind} query of {name} stopped: {error}; restarting in {delay:.1f} s")
+                    if kind == "ingestion":
+                        self._source_down(name, f"its ingestion query failed: {error}", now)
                     continue
                 if now < at:
                     continue
@@ -172,6 +344,100 @@ class Runtime:
                 except Exception as e:  # noqa: BLE001 - retried with a longer back-off
                     self._restarts[(kind, name)] = (n + 1, -1.0)
                     self.log.error(f"cannot restart the {kind} query of {name}: {type(e).__name__}: {e}")
+                    if kind == "ingestion":
+                        self._source_down(name, f"its ingestion query cannot restart: {type(e).__name__}: {e}",
+                                          now)
+
+    # --- Kafka sources' health ---
+
+    def _watch_ingestion(self, name: str, q: Any, now: float) -> None:
+        """DOWN when the running query has been waiting for its brokers' offsets for STALL_SECONDS; UP again
+        once it reports progress made after it went DOWN (a restarted query: any progress)."""
+        h = self.health.get(name)
+        if h is None:
+            return
+        st = q.status
+        if st.get("isTriggerActive") and str(st.get("message", "")).startswith(GETTING_OFFSETS):
+            h.waiting_since = h.waiting_since or now
+            if now - h.waiting_since >= STALL_SECONDS:
+                self._source_down(name, f"no answer from its brokers for {now - h.waiting_since:.0f} s (the "
+                                  "ingestion query is still waiting for the topic's offsets)", now, q)
+            return
+        h.waiting_since = None
+        if h.status == "DOWN":
+            mark = _progress_mark(q)
+            if mark is not None and mark != h.progress_mark:
+                self._source_up(name, now)
+
+    def _source_down(self, name: str, reason: str, now: float, q: Any = None) -> None:
+        """Mark a Kafka source DOWN and say so: at once, then again after 15 s, 30 s, 60 s, ... (at most the
+        runtime's retry_backoff_max_seconds apart) for as long as it stays DOWN."""
+        h = self.health.get(name)
+        if h is None:
+            return
+        if h.status != "DOWN":
+            h.status, h.since, h.warnings, h.next_warning = "DOWN", now, 0, 0.0
+            h.progress_mark = _progress_mark(q) if q is not None else None
+        h.error = reason
+        if now < h.next_warning:
+            return
+        self._write_sources_status()  # DOWN, with the latest reason, for trickle status
+        h.warnings += 1
+        h.next_warning = now + min(self.conf.runtime.retry_backoff_max_seconds, STALL_SECONDS * 2 ** (h.warnings - 1))
+        stale = self._dependents(name)
+        self.log.error(
+            f"source {name} is DOWN since {_stamp(h.since)}: {reason}. Kafka bootstrap_servers "
+            f"{h.bootstrap_servers!r}, topic {h.topic!r}. Nothing is ingested: the mirror {name} "
+            + (f"and the stream tables reading it ({', '.join(stale)}) " if stale else "")
+            + "stay as they were (their refreshes find NO_DATA). Check that the brokers are up and reachable "
+            f"from here; ingestion resumes on its own (warning {h.warnings}, next in "
+            f"{h.next_warning - now:.0f} s if still DOWN)")
+
+    def _source_up(self, name: str, now: float) -> None:
+        h = self.health[name]
+        down_s = now - h.since
+        h.status, h.since, h.error, h.warnings, h.next_warning, h.progress_mark = "UP", now, None, 0, 0.0, None
+        self._restarts.pop(("ingestion", name), None)  # the next outage starts its back-off afresh
+        self._write_sources_status()
+        self.log.event("source_up", source=name, down_seconds=round(down_s, 1))
+
+    def _dependents(self, source: str) -> list[str]:
+        """Stream tables that read ``source``, directly or through other stream tables."""
+        try:
+            out: list[str] = []
+            todo = [source.lower()]
+            while todo:
+                for d in self.st.catalog.dependents(todo.pop()):
+                    if d not in out:
+                        out.append(d)
+                        todo.append(d.lower())
+            return out
+        except Exception:  # noqa: BLE001 - only decorates a warning
+            return []
+
+    def _stale_note(self, result: Any) -> str | None:
+        """For a refresh line of a stream table that reads a DOWN source: say its input is stale."""
+        down = [n for n, h in self.health.items() if h.status == "DOWN"]
+        name = result.get("name") if isinstance(result, dict) else getattr(result, "name", None)
+        if not down or name is None:
+            return None
+        stale = [n for n in down if str(name) in self._dependents(n)]
+        return f"source {', '.join(stale)} DOWN: input not updated" if stale else None
+
+    def _write_sources_status(self) -> None:
+        """Publish the Kafka sources' state for ``trickle status`` (another process): one JSON file, replaced
+        atomically."""
+        if not self.health:
+            return
+        doc = {"pid": os.getpid(), "conf": str(self.conf.path), "updated_at": time.time(),
+               "sources": [h.as_json() for h in self.health.values()]}
+        try:
+            self.checkpoints.mkdir(parents=True, exist_ok=True)
+            tmp = self.checkpoints / f".{SOURCES_STATUS_FILE}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(doc, indent=1))
+            tmp.replace(self.checkpoints / SOURCES_STATUS_FILE)
+        except OSError as e:
+            self.log.error(f"cannot write {self.checkpoints / SOURCES_STATUS_FILE}: {e}")
 
     def _set_status(self, name: str, status: str, reason: str) -> None:
         d = self.st.catalog.get(name)
@@ -225,12 +491,36 @@ class Runtime:
     # --- shutdown ---
 
     def stop(self, timeout_s: float = 120.0) -> None:
-        """Let each streaming query finish the micro-batch in flight, then stop it."""
+        """Let each streaming query finish the micro-batch in flight (at most ``timeout_s``), then stop them.
+
+        A query only waiting for its brokers' offsets has nothing in flight and is stopped at once: waiting
+        would last as long as the broker is away. The queries are stopped in parallel, because stopping a
+        Kafka source waits for its admin client's pending call (up to ``kafka.default.api.timeout.ms``)."""
+        self._halt.set()
+        if self._watcher is not None:
+            self._watcher.join()  # it may be restarting a query: let it finish, so that one is stopped too
         queries = [q for q in (*self.immediate.values(), *self.ingestion.values()) if q is not None]
         deadline = time.time() + timeout_s
         for q in queries:
-            while q.isActive and q.status.get("isTriggerActive") and time.time() < deadline:
+            while q.isActive and _in_batch(q) and time.time() < deadline:
                 time.sleep(0.1)
-            if q.isActive:
-                q.stop()
+        errors: list[str] = []
+
+        def stop_one(q: Any) -> None:
+            try:
+                if q.isActive:
+                    q.stop()
+            except Exception as e:  # noqa: BLE001 - the others must still be stopped
+                errors.append(f"{type(e).__name__}: {_first_line(e)}")
+
+        threads = [threading.Thread(target=stop_one, args=(q,), daemon=True) for q in queries]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for h in self.health.values():
+            h.status, h.since, h.error = "STOPPED", time.time(), None
+        self._write_sources_status()
         self.st.stop_all()
+        for e in errors:
+            self.log.error(f"stopping a streaming query: {e}")
