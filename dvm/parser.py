@@ -8,7 +8,9 @@ Constructs the tree cannot maintain raise :class:`~dvm.errors.UnsupportedError` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+import threading
+from collections.abc import Callable, Mapping
 
 import sqlglot
 from sqlglot import exp
@@ -69,15 +71,108 @@ AGG_FUNCS: dict[type[exp.Expression], str] = aggregates.FUNCTIONS
 
 
 def table_key(table: exp.Table) -> str:
-    """The normalised name of a source as written in the query: ``db.table`` or ``table``, lower case."""
-    return ".".join(p.name for p in table.parts).lower()
+    """The normalised name of a source as written in the query: ``db.table`` or ``table``, lower case. A
+    table read by path, ``delta.`/data/T``` (a name with a ``/``), keeps its path as written: paths are
+    case-sensitive (``pipeline.api`` resolves such a key by its path)."""
+    parts = [p.name for p in table.parts]
+    if len(parts) == 2 and "/" in parts[1]:
+        return f"{parts[0].lower()}.{parts[1]}"
+    return ".".join(parts).lower()
+
+
+#: The stack depth sqlglot's parser starts at. Its parser recurses 8-35 frames per level of nesting
+#: (parentheses, CASE in CASE, function calls, subqueries), so whether a deeply nested query parses would
+#: otherwise depend on the caller's stack: a query accepted by create_stream_table (a shallow stack) could
+#: fail every refresh (a deeper one). Started at this depth (on a stack of its own when the caller is
+#: deeper, see :func:`_parse_statements`) it parses alike from everywhere; the default recursion limit
+#: (1000) leaves the parser 800 frames.
+PARSE_AT_DEPTH = 200
+
+#: Deepest nesting of parentheses, brackets and CASE a defining query may have (:func:`check_nesting`, at
+#: create). What the parser takes within its 800 frames depends on the construct (24 levels of
+#: ``NOT (...)``, 31 of function calls, 40 of CASE, 95 of derived tables); sqlglot's renderer needs up to
+#: 12 frames a level (derived tables) and a delta query wraps the user's expressions in a few levels more.
+#: Measured: at 40 levels every construct the parser takes renders its delta SQL from a 300-frame stack.
+MAX_NESTING = 40
+
+FLATTEN = ("flatten it: one CASE with several WHEN branches instead of a CASE inside a CASE, x IN (...) or a "
+           "join with a table of values instead of nested conditions, AND / OR chains without parentheses "
+           "(chains of any length are fine), or a CTE instead of nested subqueries")
+
+_Statements = list[exp.Expression | None]
+
+
+def _stack_depth() -> int:
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    return depth
+
+
+def _descend(frames: int, call: Callable[[], _Statements]) -> _Statements:
+    return call() if frames <= 0 else _descend(frames - 1, call)
+
+
+def _parse_statements(sql: str, dialect: str) -> _Statements:
+    """sqlglot's parse started :data:`PARSE_AT_DEPTH` frames deep: padded from a shallower caller, on a
+    thread of its own (whose stack starts empty) from a deeper one."""
+    def call() -> _Statements:
+        return sqlglot.parse(sql, read=dialect_of(dialect))
+
+    depth = _stack_depth()
+    if depth <= PARSE_AT_DEPTH:
+        return _descend(PARSE_AT_DEPTH - depth, call)
+    out: list[_Statements | BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(_descend(PARSE_AT_DEPTH - _stack_depth(), call))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            out.append(e)
+
+    worker = threading.Thread(target=run, name="trickle-parse", daemon=True)
+    worker.start()
+    worker.join()
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]
+
+
+def nesting(sql: str, dialect: str = "spark") -> int | None:
+    """The deepest nesting of parentheses, brackets and CASE ... END in ``sql``, from its tokens (the
+    tokenizer does not recurse, so this works where the parser gives up); None when it cannot tokenize."""
+    try:
+        tokens = dialect_of(dialect).tokenize(sql)
+    except Exception:  # noqa: BLE001 - unreadable SQL: parse() says why
+        return None
+    depth = deepest = 0
+    for t in tokens:
+        name = t.token_type.name
+        if name in ("L_PAREN", "L_BRACKET", "CASE"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif name in ("R_PAREN", "R_BRACKET", "END"):
+            depth -= 1
+    return deepest
+
+
+def check_nesting(sql: str, dialect: str = "spark") -> None:
+    """Refuse, at create, a query nested deeper than :data:`MAX_NESTING` (see there for why)."""
+    levels = nesting(sql, dialect)
+    if levels is not None and levels > MAX_NESTING:
+        raise QueryError(f"the query nests {levels} levels deep (parentheses, brackets, CASE inside CASE, "
+                         f"function calls, subqueries); at most {MAX_NESTING} are supported: {FLATTEN}")
 
 
 def parse(sql: str, dialect: str = "spark") -> exp.Expression:
     try:
-        statements = [s for s in sqlglot.parse(sql, read=dialect_of(dialect)) if s is not None]
+        statements = [s for s in _parse_statements(sql, dialect) if s is not None]
     except ParseError as e:
         raise QueryError(f"invalid SQL: {e}") from None
+    except RecursionError:
+        levels = nesting(sql, dialect)
+        depth = f" ({levels} levels of parentheses, brackets or CASE)" if levels else ""
+        raise QueryError(f"the query nests expressions too deeply for the SQL parser{depth}: {FLATTEN}") from None
     if len(statements) != 1:
         raise QueryError(f"the defining query must be exactly one SELECT statement, got {len(statements)}")
     tree = statements[0]

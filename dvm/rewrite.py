@@ -405,33 +405,51 @@ def check_limits(tree: exp.Expression) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+class _ReadsUnknown(Counter[tuple[str, str]]):
+    """The counts of a delta query nested too deeply to parse again from the refresh's stack (a defining
+    query near :data:`dvm.parser.MAX_NESTING`, wrapped in a few levels more): every table counts as read
+    twice, so every held read stays held. Correct, only without the saving; the refresh must not fail."""
+
+    def __missing__(self, key: tuple[str, str]) -> int:
+        return 2
+
+
 def inlined_read_counts(sql: str) -> Counter[tuple[str, str]]:
     """How often Spark's plan of ``sql`` reads each qualified table ``(db, name)`` once CTEs are inlined: a
     reference in a CTE counts as often as the CTE is itself read, scoped like SQL (a nested WITH sees the
     outer CTEs). All tables in one parse: a delta query can be tens of kilobytes long (parsing it once per
-    table cost 0.1 s each, per refresh)."""
+    table cost 0.1 s each, per refresh).
 
-    def count(node: exp.Expression, env: dict[str, Counter[tuple[str, str]]], acc: Counter[tuple[str, str]]) -> None:
+    The walk keeps its own stack instead of recursing: a long chain of ``OR`` / ``AND`` / ``+`` is a tree
+    thousands of nodes deep (sqlglot parses and renders such chains without recursion), and a recursive
+    walk failed every refresh of a query that created fine. Work items run in the recursive walk's order
+    (a CTE is counted before anything after it reads its counter), and every CTE sees the ones before it."""
+    try:
+        tree = sqlglot.parse_one(sql, read=SPARK)
+    except RecursionError:
+        return _ReadsUnknown()
+    reads: Counter[tuple[str, str]] = Counter()
+    Env = dict[str, Counter[tuple[str, str]]]
+    stack: list[tuple[exp.Expression, Env, Counter[tuple[str, str]]]] = [(tree, {}, reads)]
+    while stack:
+        node, env, acc = stack.pop()
         if isinstance(node, exp.Table):
             if node.db:
                 acc[(node.db, node.name)] += 1
-                return
+                continue
             if node.name in env:
                 acc.update(env[node.name])
-                return
+                continue
+        todo: list[tuple[exp.Expression, Env, Counter[tuple[str, str]]]] = []
         with_ = node.args.get("with_")
         if isinstance(with_, exp.With):
-            env = dict(env)
             for cte in with_.expressions:
-                env[cte.alias] = Counter()
-                count(cte.this, env, env[cte.alias])
+                env = {**env, cte.alias: Counter()}
+                todo.append((cte.this, env, env[cte.alias]))
         for key, value in node.args.items():
             if key == "with_":
                 continue
-            for child in value if isinstance(value, list) else [value]:
-                if isinstance(child, exp.Expression):
-                    count(child, env, acc)
-
-    reads: Counter[tuple[str, str]] = Counter()
-    count(sqlglot.parse_one(sql, read=SPARK), {}, reads)
+            todo.extend((child, env, acc) for child in (value if isinstance(value, list) else [value])
+                        if isinstance(child, exp.Expression))
+        stack.extend(reversed(todo))
     return reads

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import time
 from typing import Any
@@ -12,7 +14,15 @@ import dvm.views
 from connectors.delta_log import DeltaLog
 from dvm.context import PREV, quote
 from pipeline import fixpoints
-from pipeline.catalog import Catalog, SourceInfo, StreamTableDef, validate_mode, validate_name
+from pipeline.catalog import (
+    NAME_MAX_LENGTH,
+    NAME_RE,
+    Catalog,
+    SourceInfo,
+    StreamTableDef,
+    validate_mode,
+    validate_name,
+)
 from pipeline.errors import CatalogError, QueryError, SourceError, UnsupportedError
 from pipeline.refresh import Refresher, RefreshResult
 from pipeline.schedule import validate_schedule
@@ -20,6 +30,14 @@ from pipeline.schedule import validate_schedule
 __all__ = ["StreamTables", "RefreshResult"]
 
 _BAD_COLUMN_CHARS = set(" ,;{}()\n\t=")
+
+
+def _path_source(key: str) -> tuple[str, str] | None:
+    """``(format, path)`` when the source key names a table by path (``delta.`/data/t``` is the key
+    ``delta./data/t``, see :func:`dvm.parser.table_key`), else None: such a key is no name Spark's catalog
+    can look up, so it is resolved by its path."""
+    fmt, dot, path = key.partition(".")
+    return (fmt, path) if dot and "/" in path else None
 
 
 def _warehouse(spark: Any) -> str:
@@ -48,7 +66,7 @@ class StreamTables:
         """Make stream tables and their sources resolvable by name in this session."""
         for d in self.catalog.all():
             for key, src in d.sources.items():
-                if src.kind == "delta":
+                if src.kind == "delta" and _path_source(key) is None:  # a path is read as written
                     self._register(key, src.path)
             self._register(d.name, d.path)
 
@@ -61,28 +79,66 @@ class StreamTables:
     # --- sources ---
 
     def _resolve_source(self, key: str, creating: str) -> tuple[SourceInfo, list[tuple[str, str]]]:
+        """The source ``key`` of a query: a stream table, a Delta table by name, or a Delta table by path
+        (``delta.`/data/t```, resolved like a named one; its Change Data Feed must be on too)."""
         if key == creating:
             raise CatalogError(f"stream table {creating} cannot read itself (cycle {creating} -> {creating})")
-        if self.catalog.exists(key):
-            up = self.catalog.get(key)
-            mult = "__mult" if up.layout == "bag" else None
-            return SourceInfo(up.path, "stream_table", mult), list(zip(up.names, up.types, strict=True))
-        if not self.spark.catalog.tableExists(key):
-            raise QueryError(f"unknown table {key}: create it as a Delta table (with "
-                             "delta.enableChangeDataFeed = true) before using it as a source")
-        detail = self.spark.sql(f"DESCRIBE DETAIL {key}").collect()[0].asDict()
+        by_path = _path_source(key)
+        if by_path is not None:
+            fmt, path = by_path
+            ref = f"{fmt}.{quote(path)}"
+            if fmt != "delta":
+                raise SourceError(f"source {ref} reads files as {fmt}, not a Delta table; stream tables read Delta "
+                                  "tables with Change Data Feed: write the data as a Delta table (with "
+                                  f"delta.enableChangeDataFeed = true) and read it as delta.{quote(path)} or by "
+                                  "name")
+            try:
+                detail = self.spark.sql(f"DESCRIBE DETAIL {ref}").collect()[0].asDict()
+            except Exception as e:  # AnalysisException: nothing (or no Delta table) at the path
+                raise SourceError(f"source {ref}: no Delta table at {path} ({_clean(e)}); create it there (with "
+                                  "delta.enableChangeDataFeed = true) or correct the path") from None
+        else:
+            if self.catalog.exists(key):
+                up = self.catalog.get(key)
+                mult = "__mult" if up.layout == "bag" else None
+                return SourceInfo(up.path, "stream_table", mult), list(zip(up.names, up.types, strict=True))
+            try:
+                exists = self.spark.catalog.tableExists(key)
+            except Exception:  # noqa: BLE001 - ParseException: not a name the catalog can look up
+                exists = False
+            if not exists:
+                raise QueryError(f"unknown table {key}: create it as a Delta table (with "
+                                 "delta.enableChangeDataFeed = true) before using it as a source")
+            ref = key
+            detail = self.spark.sql(f"DESCRIBE DETAIL {key}").collect()[0].asDict()
         if (detail.get("format") or "").lower() != "delta":
-            raise SourceError(f"source {key} is not a Delta table (format {detail.get('format')}); stream "
+            raise SourceError(f"source {ref} is not a Delta table (format {detail.get('format')}); stream "
                               "tables read Delta tables with Change Data Feed")
         props = detail.get("properties") or {}
         if str(props.get("delta.enableChangeDataFeed", "false")).lower() != "true":
-            raise SourceError(f"source {key} has Change Data Feed off; enable it with: ALTER TABLE {key} SET "
+            raise SourceError(f"source {ref} has Change Data Feed off; enable it with: ALTER TABLE {ref} SET "
                               "TBLPROPERTIES (delta.enableChangeDataFeed = true)")
         location = detail["location"]
         if location.startswith("file:"):
             location = location[len("file:"):]
-        schema = self.spark.table(key).schema
+        if by_path is None:
+            schema = self.spark.table(key).schema
+        else:
+            self._check_not_stream_table_storage(ref, location, creating)
+            schema = self.spark.read.format("delta").load(location).schema
         return SourceInfo(location, "delta"), [(f.name, f.dataType.simpleString()) for f in schema.fields]
+
+    def _check_not_stream_table_storage(self, ref: str, location: str, creating: str) -> None:
+        """A path into the catalog's own tables is a stream table's storage: read by path it would show the
+        hidden columns and one row per distinct tuple (``__mult``), and escape the dependency order."""
+        parent, name = os.path.split(os.path.normpath(location))
+        if os.path.normpath(parent) != os.path.normpath(self.catalog.root / "tables"):
+            return
+        if name == creating:
+            raise CatalogError(f"stream table {creating} cannot read itself ({ref} is its own storage)")
+        if self.catalog.exists(name):
+            raise CatalogError(f"source {ref} is the storage of stream table {name}: read it by name "
+                               f"(FROM {name}), which reads its rows as users see them")
 
     # --- views ---
 
@@ -122,6 +178,8 @@ class StreamTables:
             return ".".join(parts)
 
         def resolve(name: str, inside: dvm.views.ViewDef | None) -> str | dvm.views.ViewDef:
+            if _path_source(name) is not None:
+                return name  # a table by path is no view
             full = name
             if inside is not None and "." not in name:
                 temp_ref = bool(inside.context.get("temporary")) and self._is_temp_view(name)
@@ -162,6 +220,7 @@ class StreamTables:
         schemas: dict[str, list[tuple[str, str]]] = {}
         try:
             maintained, views = self._inline_views(query)
+            dvm.parser.check_nesting(maintained)  # what refreshes parse and render (views inlined)
             keys = dvm.source_keys(maintained)
         except (QueryError, SourceError) as e:
             raise type(e)(f"stream table {key}: {e}") from None
@@ -199,6 +258,9 @@ class StreamTables:
             if mode in ("DIFFERENTIAL", "IMMEDIATE") or (mode == "AUTO" and self.refresher.is_strict()):
                 raise UnsupportedError("query", f"stream table {key}: {e}") from None
             draft.full_reason = f"cannot build an operator tree: {e}"
+        except RecursionError:  # check_nesting's limit should prevent it: never a raw error, never stored
+            raise QueryError(f"stream table {key}: the query nests too deeply to be compiled: "
+                             f"{dvm.parser.FLATTEN}") from None
         self.catalog.put(draft)
         try:
             if initialize:
@@ -283,15 +345,22 @@ class StreamTables:
         tree, which operators apply a delta rule and which recompute what a change touches (and why), the
         hidden columns and the delta SQL of a refresh. For a query the engine cannot differentiate: the
         reason, and what each mode (and strict mode) does with it."""
-        text = name_or_query.strip()
+        text = name_or_query.strip() if isinstance(name_or_query, str) else ""
+        if not text:
+            raise QueryError(f"explain needs the name of a stream table or a SELECT query, got {name_or_query!r}")
         schemas: dict[str, list[tuple[str, str]]] = {}
-        if " " not in text and self.catalog.exists(text.lower()):
-            d = self.catalog.get(text.lower())
+        if _NAME_LIKE.match(text):
+            d = self._explained_stream_table(text)
             header = [f"stream table: {d.name}", f"refresh_mode: {d.refresh_mode}"]
         else:
             sources, schemas = {}, {}
-            maintained, views = self._inline_views(text)
-            for k in dvm.source_keys(maintained):
+            try:
+                maintained, views = self._inline_views(text)
+                dvm.parser.check_nesting(maintained)
+                keys = dvm.source_keys(maintained)
+            except QueryError as e:
+                raise QueryError(_explain_query_error(text, e)) from None
+            for k in keys:
                 sources[k], schemas[k] = self._resolve_source(k, "")
             d = StreamTableDef("(query)", text, None, "AUTO", "<stream table>", sources,
                                [], [], "bag", inlined_query=maintained if views else None, views=views)
@@ -302,6 +371,7 @@ class StreamTables:
             except UnsupportedError as e:
                 d.full_reason = str(e)
             except QueryError as e:
+                self._check_analyzes(d)  # an unknown column is an invalid query (create refuses it), not FULL
                 d.full_reason = f"cannot build an operator tree: {e}"
             d.types = ["string"] * len(d.names)
             header = ["query (not a stream table): as if created with refresh_mode AUTO"]
@@ -348,6 +418,34 @@ class StreamTables:
                       f"(rounds until nothing new; {PREV} = the previous round's new rows)",
                       "  seed:", _pretty(spec.seed), "  step:", _pretty(spec.step)]
         return "\n".join(lines)
+
+    def _check_analyzes(self, d: StreamTableDef) -> None:
+        """QueryError when Spark cannot analyse the query of ``d`` (unknown column, type error), as create
+        would raise: analysis only, no job."""
+        latest = {k: DeltaLog(self.spark, s.path).latest_version() or 0 for k, s in d.sources.items()}
+        pinned = dvm.parser.pin_sources(dvm.parser.analyzable(d.maintained_query), self.refresher.from_items(d, latest))
+        try:
+            self.spark.sql(pinned).schema  # noqa: B018 - analysing is the point
+        except Exception as e:  # AnalysisException and friends
+            raise QueryError(f"explain: invalid query: {_clean(e)}") from None
+
+    def _explained_stream_table(self, text: str) -> StreamTableDef:
+        """The stream table ``explain`` was given by name; CatalogError saying what ``text`` is instead (a
+        plain table, or nothing) and what explain takes. A bare name is never a query, so parsing it as one
+        only said "must be a SELECT query, got COLUMN"."""
+        key = text.lower()
+        if NAME_RE.match(key) and len(key) <= NAME_MAX_LENGTH and self.catalog.exists(key):
+            return self.catalog.get(key)
+        try:
+            table = bool(self.spark.catalog.tableExists(text))
+        except Exception:  # noqa: BLE001 - not a name Spark can look up: no table either
+            table = False
+        if table:
+            raise CatalogError(f"{text} is a table, not a stream table: explain takes the name of a stream table "
+                               "or a SELECT query; to see how a stream table over it would be maintained, explain "
+                               f"the query, e.g. explain('SELECT ... FROM {text}')")
+        raise CatalogError(f"no stream table or table named {text}: explain takes the name of a stream table "
+                           "(status() lists them, `trickle status` on the command line) or a SELECT query")
 
     def read(self, name: str) -> Any:
         """The stream table as users see it: user columns only, duplicates expanded from ``__mult``."""
@@ -396,6 +494,25 @@ class StreamTables:
             if deadline is not None and time.time() > deadline:
                 return
             time.sleep(0.5)
+
+
+#: What ``explain`` takes for a stream table's name: an identifier, perhaps qualified (``db.t``), which no
+#: SELECT query is.
+_NAME_LIKE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+#: First words of a text ``explain`` reads as a query (the rest is neither a name nor a query).
+_QUERY_START = ("SELECT", "WITH", "FROM", "VALUES", "TABLE")
+
+
+def _explain_query_error(text: str, e: QueryError) -> str:
+    """The message for a text ``explain`` could not read as a query: a query's own error for what looks like
+    a query, else that the text is neither a stream table's name nor a query, and what explain takes."""
+    words = text.lstrip("( \n\t").split(None, 1)
+    if words and words[0].upper() in _QUERY_START:
+        return f"explain: invalid query: {e}"
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    return (f"explain: {shown!r} is neither the name of a stream table nor a SELECT query ({e}); pass a stream "
+            "table's name (status() lists them) or one SELECT query")
 
 
 def _clean(e: BaseException) -> str:

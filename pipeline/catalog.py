@@ -191,9 +191,22 @@ class Catalog:
             d.rmdir()
 
 
+#: Longest stream table name. A name becomes file names (``stream_tables/<name>.json`` and its temporary
+#: ``.<name>.json.<32 hex>.tmp``, ``history/<name>/``, ``tables/<name>/``), which most file systems cap at 255
+#: bytes, and a table name in Spark's session catalog, which a Hive metastore caps at 128 characters.
+NAME_MAX_LENGTH = 128
+
+
 def validate_name(name: str) -> str:
+    """``name`` in the catalog's (lower case) form, or CatalogError saying what a name may be. Checked
+    before the name touches a file: a name too long for the file system failed with a raw OSError."""
     if not isinstance(name, str) or not NAME_RE.match(name):
-        raise CatalogError(f"invalid stream table name {name!r}: use letters, digits and underscores")
+        raise CatalogError(f"invalid stream table name {name!r}: use letters, digits and underscores, starting "
+                           "with a letter or underscore")
+    if len(name) > NAME_MAX_LENGTH:
+        raise CatalogError(f"invalid stream table name {name[:40]}... ({len(name)} characters): a name may have "
+                           f"at most {NAME_MAX_LENGTH} characters (it names files and a Spark table); use a "
+                           "shorter one")
     return name.lower()
 
 
