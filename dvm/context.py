@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 State = Literal["pre", "post"]
@@ -30,14 +30,14 @@ def sql_string(value: str) -> str:
 class SourceRef:
     """One source of a stream table as a refresh sees it.
 
-    ``pre`` is None when the stream table has never been populated (a FULL refresh). ``mult_col`` names the
-    multiplicity column when the source is itself a stream table stored with one row per distinct tuple.
+    ``pre`` is None when the stream table has never been populated (a FULL refresh). A source that is itself a
+    stream table is read like any Delta table: it stores plain rows (one physical row per copy of a result
+    row), so its snapshots and change feeds are bags of its user columns, hidden columns ignored.
     """
 
     path: str
     post: int
     pre: int | None = None
-    mult_col: str | None = None
     #: every commit of the window only added rows (no Delta ``remove``/``cdc`` action): read from the log
     #: by the refresh executor when a rule can use it (recursive CTEs: semi-naive instead of counting/DRed)
     insert_only: bool = False
@@ -99,6 +99,11 @@ class Context:
     #: (see :meth:`changes` and :meth:`table`)
     materialize_changes: bool = False
     hold_below: int = 0
+    #: a literal unique to this refresh, hashed into the ``__row_id`` of every row a plain-rows (bag) stream
+    #: table gains (see :mod:`dvm.plan`): ids of rows inserted by different refreshes must not repeat, while a
+    #: refresh's SQL stays deterministic (Delta's MERGE may read its source twice). The refresh executor sets
+    #: a fresh one per refresh; the constant default keeps rendered SQL stable for tests and ``explain``.
+    salt: str = "trickle"
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -150,30 +155,42 @@ class Context:
         """``sql`` with every held source read (change window or small snapshot) that Spark would read only
         once put back in place (and dropped from :attr:`fixpoints`): holding it would cost a plan of its own
         and the held blocks, and save nothing (measured when a held read still had a count job of its own,
-        on one-source aggregate and filter tables over 1000 rows: one job and 0.2-0.6 s more per refresh)."""
+        on one-source aggregate and filter tables over 1000 rows: one job and 0.2-0.6 s more per refresh).
+
+        A held query that is not a source read (a loop-free :class:`Fixpoint` such as the netted delta of a
+        plain-rows table, see :mod:`dvm.plan`) runs once, so the reads in its seed count once, beside those
+        of ``sql``, and a source read it alone makes once is put back into it. A source read by a loop stays
+        held (a loop reads it every round)."""
         from dvm.rewrite import inlined_read_counts  # sqlglot: only needed once a delta query is rendered
 
         if not self.fixpoints:
             return sql
-        reads = inlined_read_counts(sql)  # putting one read back leaves the others' counts as they are
-        keep: list[tuple[str, Fixpoint]] = []
-        for name, spec in self.fixpoints:
-            ref = re.compile(re.escape(name) + r"\b")
-            read_by_loop = any(ref.search(s.seed + (s.step or "")) for _, s in self.fixpoints if s is not spec)
-            source_read = spec.step is None and spec.seed.startswith(
+
+        def source_read(spec: Fixpoint) -> bool:
+            return spec.step is None and spec.seed.startswith(
                 (f"{HELD_SEED}table_changes_by_path(", f"{HELD_SEED}delta.`"))
-            if source_read and not read_by_loop and reads[tuple(name.split(".", 1))] <= 1:
-                sql = ref.sub(spec.seed[len(HELD_SEED):], sql)
-            else:
-                keep.append((name, spec))
-        self.fixpoints[:] = keep
+
+        held = [i for i, (_, s) in enumerate(self.fixpoints) if s.step is None and not source_read(s)]
+        # putting one read back leaves the others' counts as they are
+        counts = [inlined_read_counts(sql)] + [inlined_read_counts(self.fixpoints[i][1].seed) for i in held]
+        specs = list(self.fixpoints)
+        gone: set[int] = set()
+        for k, (name, spec) in enumerate(specs):
+            ref = re.compile(re.escape(name) + r"\b")
+            read_by_loop = any(ref.search(s.seed + (s.step or "")) for _, s in specs if s.step is not None)
+            if not source_read(spec) or read_by_loop or sum(c[tuple(name.split(".", 1))] for c in counts) > 1:
+                continue
+            item = spec.seed[len(HELD_SEED):]
+            sql = ref.sub(lambda _m, item=item: item, sql)
+            for i in held:
+                n, h = specs[i]
+                specs[i] = (n, replace(h, seed=ref.sub(lambda _m, item=item: item, h.seed)))
+            gone.add(k)
+        self.fixpoints[:] = [f for k, f in enumerate(specs) if k not in gone]
         return sql
 
     def changed(self, key: str) -> bool:
         return self.sources[key].changed
-
-    def mult_col(self, key: str) -> str | None:
-        return self.sources[key].mult_col
 
     def target(self) -> str:
         assert self.target_path is not None

@@ -1,19 +1,40 @@
-"""The top of a stream table: its storage layout, its full-refresh query and its MERGE.
+"""The top of a stream table: its storage layout, its full-refresh query and its change rows.
 
 Two layouts, chosen from the shape of the tree:
 
 * **keyed** — the query ends in an aggregate (GROUP BY, a global aggregate, or DISTINCT), optionally
   under HAVING and a projection. One stored row per group; ``__row_id`` = xxhash64 of the group key; the
   group's state (``__cnt`` and per-aggregate ``__agg<i>_*`` columns) is stored beside the user columns, so
-  a refresh reads the old state from the stream table itself instead of rescanning sources.
-* **bag** — anything else. One stored row per distinct output tuple; ``__row_id`` = xxhash64 of the tuple;
-  ``__mult`` counts its duplicates, so bags are exact without relying on unique hashes per duplicate.
+  a refresh reads the old state from the stream table itself instead of rescanning sources. FULL and
+  DIFFERENTIAL refreshes compute ``__row_id`` with the same expression.
+* **bag** (plain rows) — anything else. The table holds exactly the query's rows: one physical row per
+  copy, duplicates as separate rows, so Spark SQL, delta-rs, DuckDB or Polars read the query's result by
+  selecting the user columns, with no expansion step. Two hidden columns: ``__row_hash`` = xxhash64 of the
+  user tuple (:func:`row_hash`; floating columns canonicalised), equal for all copies of a tuple, and
+  ``__row_id``, unique per physical row. A FULL refresh numbers rows with ``xxhash64(salt) ^
+  monotonically_increasing_id()`` (no shuffle, no GROUP BY); a DIFFERENTIAL refresh nets its delta per
+  distinct tuple (``__dw``), gives each new copy ``xxhash64(salt, __row_hash, copy)`` and deletes ``-__dw``
+  stored copies picked by ``__row_hash``. ``salt`` is :attr:`Context.salt`, fresh per refresh, so ids of
+  rows inserted by different refreshes do not repeat. Ids therefore differ between a table refreshed FULL
+  and one refreshed DIFFERENTIAL; their user columns are the same multiset.
   When the query ends in ORDER BY ... LIMIT (a TopK, optionally under the projection dropping hidden sort
   columns) the stored rows are the top of the pre snapshot: a refresh computes the top of the post snapshot
-  and merges its difference with the stored rows, never reading the pre snapshot.
+  and nets it against the stored rows (each weighing -1), never reading the pre snapshot.
 
-Both the FULL and the DIFFERENTIAL path compute ``__row_id`` with the same expression, so a table refreshed
-either way is bit-for-bit the same.
+Change rows — the contract between the rules here and whatever applies a DIFFERENTIAL refresh (Spark's
+MERGE, :meth:`Plan.merge_statement`, or a delta-rs commit), the same for both layouts:
+
+* :meth:`Plan.merge_source_sql` returns rows with the columns :meth:`Plan.stored_columns` (every stored
+  column in table order, ``__row_id`` first: ``__row_id``, the user columns, then the layout's other hidden
+  columns: ``__row_hash`` for bag, ``__cnt`` and the aggregate state for keyed), plus ``__del`` BOOLEAN.
+  ``__row_id`` is unique among them.
+* ``__del`` true: delete the stored row with that ``__row_id`` (its other columns are NULL or meaningless).
+* ``__del`` false: keyed — upsert (update the stored row with that ``__row_id``, or insert it); bag — insert:
+  its ``__row_id`` is fresh, so it never matches a stored row, and a change without ``__del`` rows can be
+  committed as a plain append.
+
+So the apply is one MERGE on ``__row_id``: ``WHEN MATCHED AND __del THEN DELETE``, ``WHEN MATCHED THEN UPDATE``
+(keyed only), ``WHEN NOT MATCHED AND NOT __del THEN INSERT`` the stored columns.
 """
 
 from __future__ import annotations
@@ -22,7 +43,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from dvm.context import Context, quote
+from dvm.context import Context, Fixpoint, quote, sql_string
 from dvm.dialect import SPARK
 from dvm.operators import Aggregate, Filter, Node, Project, RecursiveCte, TopK
 from dvm.operators.aggregate import Branch, key_match
@@ -30,7 +51,7 @@ from dvm.operators.base import W, col_list, union_all
 from dvm.operators.cte import with_shared
 
 ROW_ID = "__row_id"
-MULT = "__mult"
+ROW_HASH = "__row_hash"
 CNT = "__cnt"
 DEL = "__del"
 DW = "__dw"
@@ -59,9 +80,27 @@ def row_hash(keys: list[str]) -> str:
     return f"xxhash64({', '.join(keys)}, nullif(concat({flags}), '{'0' * len(keys)}'))"
 
 
-def bag_rows_sql(inner: str, names: list[str], types: list[str], weight: str | None) -> str:
-    """Consolidate a bag (``weight`` None: count rows) or Z-set (``weight``: sum it) on the user columns
-    into one row per distinct tuple, with its ``__row_id`` and multiplicity (``__mult`` or ``__dw``)."""
+def _hash_keys(names: list[str], types: list[str]) -> list[str]:
+    """The user columns as :func:`row_hash` reads them (floating values canonicalised)."""
+    return [_canonical(quote(n), ty) for n, ty in zip(names, types, strict=True)]
+
+
+def plain_rows_sql(inner: str, names: list[str], types: list[str], salt: str) -> str:
+    """Every stored row of a bag (plain-rows) table from ``inner`` (the query's rows, user columns named
+    ``names``): the rows as they are, with ``__row_hash`` and a ``__row_id`` unique per row.
+
+    No GROUP BY, no shuffle, no window: ``monotonically_increasing_id()`` is unique within one evaluation,
+    and XOR with a constant keeps it so (a bijection), unlike a hash of it, which could collide. The constant
+    is a hash of the refresh's ``salt``, so two FULL refreshes number their rows differently and a later
+    DIFFERENTIAL refresh's hashed ids meet a FULL's only by 64-bit chance."""
+    return (f"SELECT xxhash64({sql_string(salt)}) ^ monotonically_increasing_id() AS {ROW_ID}, "
+            f"{col_list(names)}, {row_hash(_hash_keys(names, types))} AS {ROW_HASH} FROM ({inner})")
+
+
+def bag_delta_sql(inner: str, names: list[str], types: list[str], weight: str) -> str:
+    """Net a Z-set (``inner``: the user columns and ``weight``) per distinct tuple: the tuple, its
+    ``__row_hash`` and its net weight ``__dw`` (tuples netting to 0 dropped). Floating columns are grouped
+    by their canonical form (:func:`_canonical`) so copies recomputed in another summation order net out."""
     keys, picks = [], []
     for n, ty in zip(names, types, strict=True):
         q = quote(n)
@@ -71,11 +110,35 @@ def bag_rows_sql(inner: str, names: list[str], types: list[str], weight: str | N
         else:
             keys.append(q)
             picks.append(q)
-    group = ", ".join(keys)
-    if weight is None:
-        return f"SELECT {', '.join(picks)}, {row_hash(keys)} AS {ROW_ID}, COUNT(*) AS {MULT} FROM ({inner}) GROUP BY {group}"
-    return (f"SELECT {', '.join(picks)}, {row_hash(keys)} AS {ROW_ID}, SUM({weight}) AS {DW} FROM ({inner}) "
-            f"GROUP BY {group} HAVING SUM({weight}) <> 0")
+    return (f"SELECT {', '.join(picks)}, {row_hash(keys)} AS {ROW_HASH}, SUM({weight}) AS {DW} FROM ({inner}) "
+            f"GROUP BY {', '.join(keys)} HAVING SUM({weight}) <> 0")
+
+
+def bag_changes_sql(delta: str, names: list[str], types: list[str], target: str, salt: str) -> str:
+    """Change rows (see the module docstring) of a bag table from ``delta`` (a relation with the columns
+    of :func:`bag_delta_sql`), which the query reads twice:
+
+    * each tuple with ``__dw`` > 0 becomes ``__dw`` new rows, ``__row_id = xxhash64(salt, __row_hash, copy)``
+      (unique within the refresh, and ``salt`` makes it new to the table);
+    * for each tuple with ``__dw`` < 0, ``-__dw`` of its stored copies (found by ``__row_hash``, numbered by
+      ``__row_id``: which copies go does not matter, they are equal) become ``__del`` rows.
+
+    Only two columns of the table are read, by an inner join with the negative tuples. No join hint: Spark
+    knows the table's size but not the held delta's, so it broadcasts a table under
+    ``spark.sql.autoBroadcastJoinThreshold`` and sort-merges a larger one; broadcasting the negative tuples
+    instead would save that shuffle, but a window deleting very many distinct rows would then fill the
+    driver's memory."""
+    users = col_list(names)
+    ins = (f"SELECT xxhash64({sql_string(salt)}, {ROW_HASH}, __copy) AS {ROW_ID}, {users}, {ROW_HASH}, "
+           f"FALSE AS {DEL} FROM (SELECT * FROM {delta} WHERE {DW} > 0) "
+           f"LATERAL VIEW explode(sequence(1, {DW})) __copies AS __copy")
+    nulls = ", ".join(f"CAST(NULL AS {ty}) AS {quote(n)}" for n, ty in zip(names, types, strict=True))
+    ranked = (f"SELECT __t.{ROW_ID}, __t.{ROW_HASH}, __d.{DW}, "
+              f"row_number() OVER (PARTITION BY __t.{ROW_HASH} ORDER BY __t.{ROW_ID}) AS __copy "
+              f"FROM {target} __t JOIN (SELECT {ROW_HASH}, {DW} FROM {delta} WHERE {DW} < 0) __d "
+              f"ON __t.{ROW_HASH} = __d.{ROW_HASH}")
+    dels = f"SELECT {ROW_ID}, {nulls}, {ROW_HASH}, TRUE AS {DEL} FROM ({ranked}) WHERE __copy <= -{DW}"
+    return f"{ins}\nUNION ALL\n{dels}"
 
 
 def _layered(sql: str, per_call: list[list[list[tuple[str, str]]]]) -> str:
@@ -178,9 +241,22 @@ class Plan:
         return "keyed" if self.keyed else "bag"
 
     def hidden_columns(self) -> list[str]:
-        return [ROW_ID] + (self.keyed.state_cols() if self.keyed else [MULT])
+        """The stored columns that are not the query's, in table order."""
+        return [ROW_ID] + (self.keyed.state_cols() if self.keyed else [ROW_HASH])
+
+    def stored_columns(self) -> list[str]:
+        """Every column of the stream table in table order (what :meth:`full_sql` writes): ``__row_id``, the
+        user columns, the layout's other hidden columns. Change rows carry these plus ``__del`` (see the
+        module docstring)."""
+        hidden = self.hidden_columns()
+        return hidden[:1] + list(self.names) + hidden[1:]
 
     # --- shared pieces ---
+
+    def _cast(self, types: list[str]) -> str:
+        """The root's columns as the user columns, cast to the query's own result types."""
+        return ", ".join(f"CAST({quote(i)} AS {ty}) AS {quote(n)}"
+                         for i, n, ty in zip(self.root.cols, self.names, types, strict=True))
 
     def _user_select(self, types: list[str], deleted: str | None = None) -> str:
         """User columns from the keyed top's projection, cast to the query's own result types."""
@@ -234,9 +310,8 @@ class Plan:
 
     def _full_sql(self, ctx: Context, types: list[str]) -> str:
         if self.keyed is None:
-            cast = ", ".join(f"CAST({quote(i)} AS {ty}) AS {quote(n)}"
-                             for i, n, ty in zip(self.root.cols, self.names, types, strict=True))
-            return bag_rows_sql(f"SELECT {cast} FROM ({self.root.snapshot(ctx, 'post')})", self.names, types, None)
+            return plain_rows_sql(f"SELECT {self._cast(types)} FROM ({self.root.snapshot(ctx, 'post')})",
+                                  self.names, types, ctx.salt)
         k = self.keyed
         state = self._full_state(ctx)
         where = f" WHERE {k.having.sql(SPARK)}" if k.having is not None else ""
@@ -272,14 +347,8 @@ class Plan:
 
     def _merge_source_sql(self, ctx: Context, types: list[str]) -> str | None:
         if self.keyed is None:
-            cast = ", ".join(f"CAST({quote(i)} AS {ty}) AS {quote(n)}"
-                             for i, n, ty in zip(self.root.cols, self.names, types, strict=True))
-            if self.topk is not None:
-                return self._topk_rows(ctx, cast, types)
-            d = self.root.delta(ctx)
-            if d is None:
-                return None
-            return bag_rows_sql(f"SELECT {cast}, {W} FROM ({d})", self.names, types, W)
+            d = self._topk_delta(ctx, types) if self.topk is not None else self._bag_delta(ctx, types)
+            return None if d is None else self._bag_changes(ctx, d, types)
         fin = self._rescan_groups(ctx) if self.keyed.having is not None else self._algebraic(ctx)
         if fin is None:
             return None
@@ -291,14 +360,32 @@ class Plan:
         return (f"SELECT {k.row_id()} AS {ROW_ID}, {self._user_select(types, DEL)}, {self._state_list()}, "
                 f"{DEL} FROM (SELECT *, {deleted} AS {DEL} FROM ({self._with_outputs(fin)}))")
 
-    def _topk_rows(self, ctx: Context, cast: str, types: list[str]) -> str | None:
+    def _bag_delta(self, ctx: Context, types: list[str]) -> str | None:
+        d = self.root.delta(ctx)
+        if d is None:
+            return None
+        return bag_delta_sql(f"SELECT {self._cast(types)}, {W} FROM ({d})", self.names, types, W)
+
+    def _topk_delta(self, ctx: Context, types: list[str]) -> str | None:
         """TopK at the top: the stored rows are TopK(pre) (whatever tied rows it kept), so the change is
-        TopK(post) − stored; the table then holds exactly the new top."""
+        TopK(post) − stored, each stored row weighing -1; the table then holds exactly the new top."""
         if not self.root.changed(ctx):
             return None
-        post = f"SELECT {cast}, CAST(1 AS BIGINT) AS {W} FROM ({self.root.snapshot(ctx, 'post')})"
-        stored = f"SELECT {col_list(self.names)}, -{MULT} AS {W} FROM {ctx.target()}"
-        return bag_rows_sql(f"{post} UNION ALL {stored}", self.names, types, W)
+        post = f"SELECT {self._cast(types)}, CAST(1 AS BIGINT) AS {W} FROM ({self.root.snapshot(ctx, 'post')})"
+        stored = f"SELECT {col_list(self.names)}, CAST(-1 AS BIGINT) AS {W} FROM {ctx.target()}"
+        return bag_delta_sql(f"{post} UNION ALL {stored}", self.names, types, W)
+
+    def _bag_changes(self, ctx: Context, delta: str, types: list[str]) -> str:
+        """Change rows of a bag table from its netted delta (see :func:`bag_changes_sql`), which they read
+        twice. Spark inlines a WITH query at every reference, so in a refresh (``materialize_changes``) the
+        netted delta is held once (a :class:`Fixpoint` without step, filled by the first job reading it)
+        instead of its whole delta rule running twice; otherwise (tests, plain rendering) it is a WITH query.
+        The held query is self-contained: the shared CTEs it names are defined inside it."""
+        if ctx.materialize_changes:
+            held = ctx.fixpoint(Fixpoint([], with_shared(delta, self.root, ctx), None))
+            return bag_changes_sql(held, self.names, types, ctx.target(), ctx.salt)
+        body = bag_changes_sql("__trickle_bd", self.names, types, ctx.target(), ctx.salt)
+        return f"WITH __trickle_bd AS ({delta})\n{body}"
 
     def _delta_summary(self, dchild: str, branch: Branch) -> str:
         """The child's delta summarised per group of one branch: ``__d_cnt`` and every call's delta terms."""
@@ -367,23 +454,19 @@ class Plan:
         return self._rescanned(ctx, keys)
 
     def merge_statement(self, target: str, source_sql: str) -> str:
-        users = col_list(self.names)
-        if self.keyed is None:
-            return (
-                f"MERGE INTO {target} __t USING ({source_sql}) __s ON __t.{ROW_ID} = __s.{ROW_ID}\n"
-                f"WHEN MATCHED AND __t.{MULT} + __s.{DW} <= 0 THEN DELETE\n"
-                f"WHEN MATCHED THEN UPDATE SET {MULT} = __t.{MULT} + __s.{DW}\n"
-                f"WHEN NOT MATCHED AND __s.{DW} > 0 THEN INSERT ({users}, {ROW_ID}, {MULT}) "
-                f"VALUES ({col_list(self.names, '__s.')}, __s.{ROW_ID}, __s.{DW})"
-            )
-        cols = self.names + self.keyed.state_cols()
-        sets = ", ".join(f"{quote(c)} = __s.{quote(c)}" for c in cols)
+        """Spark's MERGE applying change rows (see the module docstring): the same statement for both
+        layouts, except that only keyed rows are updated in place (a bag row is never matched unless
+        deleted: inserted rows have fresh ids)."""
+        stored = self.stored_columns()
+        update = ""
+        if self.keyed is not None:
+            sets = ", ".join(f"{quote(c)} = __s.{quote(c)}" for c in stored if c != ROW_ID)
+            update = f"WHEN MATCHED THEN UPDATE SET {sets}\n"
         return (
             f"MERGE INTO {target} __t USING ({source_sql}) __s ON __t.{ROW_ID} = __s.{ROW_ID}\n"
-            f"WHEN MATCHED AND __s.{DEL} THEN DELETE\n"
-            f"WHEN MATCHED THEN UPDATE SET {sets}\n"
-            f"WHEN NOT MATCHED AND NOT __s.{DEL} THEN INSERT ({ROW_ID}, {col_list(cols)}) "
-            f"VALUES (__s.{ROW_ID}, {col_list(cols, '__s.')})"
+            f"WHEN MATCHED AND __s.{DEL} THEN DELETE\n{update}"
+            f"WHEN NOT MATCHED AND NOT __s.{DEL} THEN INSERT ({col_list(stored)}) "
+            f"VALUES ({col_list(stored, '__s.')})"
         )
 
     # --- explain ---
@@ -412,10 +495,13 @@ class Plan:
         if self.keyed is not None:
             lines.append(f"[top: keyed layout; {self.keyed.strategy}]")
         elif self.topk is not None:
-            lines.append("[top: bag layout holding exactly the top rows; a refresh recomputes the top of the post "
-                         "snapshot when a source changed and merges the difference with the stored rows]")
+            lines.append("[top: bag layout (plain rows) holding exactly the top rows; a refresh recomputes the top "
+                         "of the post snapshot when a source changed and applies its difference with the stored "
+                         "rows]")
         else:
-            lines.append("[top: bag layout; rows consolidated on all columns, duplicates in __mult]")
+            lines.append("[top: bag layout (plain rows): one stored row per result row, duplicates as separate rows "
+                         "(__row_hash: the tuple's hash; __row_id: unique per row); a change is netted per distinct "
+                         "row, new copies inserted, deleted copies picked among the stored ones by __row_hash]")
 
         def walk(n: Node, depth: int) -> None:
             top = self.keyed is not None and n is self.keyed.agg

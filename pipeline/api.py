@@ -100,8 +100,7 @@ class StreamTables:
         else:
             if self.catalog.exists(key):
                 up = self.catalog.get(key)
-                mult = "__mult" if up.layout == "bag" else None
-                return SourceInfo(up.path, "stream_table", mult), list(zip(up.names, up.types, strict=True))
+                return SourceInfo(up.path, "stream_table"), list(zip(up.names, up.types, strict=True))
             try:
                 exists = self.spark.catalog.tableExists(key)
             except Exception:  # noqa: BLE001 - ParseException: not a name the catalog can look up
@@ -130,7 +129,7 @@ class StreamTables:
 
     def _check_not_stream_table_storage(self, ref: str, location: str, creating: str) -> None:
         """A path into the catalog's own tables is a stream table's storage: read by path it would show the
-        hidden columns and one row per distinct tuple (``__mult``), and escape the dependency order."""
+        hidden columns, and escape the dependency order."""
         parent, name = os.path.split(os.path.normpath(location))
         if os.path.normpath(parent) != os.path.normpath(self.catalog.root / "tables"):
             return
@@ -448,14 +447,11 @@ class StreamTables:
                            "(status() lists them, `trickle status` on the command line) or a SELECT query")
 
     def read(self, name: str) -> Any:
-        """The stream table as users see it: user columns only, duplicates expanded from ``__mult``."""
+        """The stream table as users see it: its user columns (every layout stores the query's rows as they
+        are, duplicates as separate rows; only the hidden ``__`` columns are left out)."""
         d = self.catalog.get(validate_name(name))
         cols = ", ".join(quote(n) for n in d.names)
-        table = f"delta.{quote(d.path)}"
-        if d.layout == "bag":
-            return self.spark.sql(
-                f"SELECT {cols} FROM {table} LATERAL VIEW explode(sequence(1, __mult)) __mx AS __mi")
-        return self.spark.sql(f"SELECT {cols} FROM {table}")
+        return self.spark.sql(f"SELECT {cols} FROM delta.{quote(d.path)}")
 
     def register_catalog_views(self) -> None:
         """Temp views ``trickle_stream_tables`` and ``trickle_history`` for querying the catalog in SQL."""

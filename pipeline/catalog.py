@@ -40,6 +40,8 @@ STATUSES = ("ACTIVE", "SUSPENDED", "ERROR")
 class SourceInfo:
     path: str
     kind: str  # "delta" (a base table) or "stream_table"
+    #: always None: stream tables store plain rows since issue 16 (nothing to expand); kept so catalog files
+    #: that carry the key still load
     mult_col: str | None = None
 
 

@@ -39,7 +39,7 @@ import dvm
 from connectors import delta_sink
 from connectors.delta_log import DeltaLog, Window
 from dvm.context import Context, SourceRef, quote
-from dvm.plan import bag_rows_sql
+from dvm.plan import plain_rows_sql
 from pipeline import fixpoints
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
@@ -367,9 +367,11 @@ class Refresher:
         return "DIFFERENTIAL", "source changes applied as a delta"
 
     def context(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int],
-                windows: dict[str, Window] | None = None) -> Context:
+                windows: dict[str, Window] | None = None, salt: str | None = None) -> Context:
         """The sources of one refresh; ``windows`` (see :meth:`windows`) say which only inserted rows (rules
-        that can use it: recursive CTEs) and how large each source is (holding, code generation)."""
+        that can use it: recursive CTEs) and how large each source is (holding, code generation). ``salt``
+        (see :attr:`Context.salt`; e.g. the refresh id) makes the ids of rows this refresh inserts into a
+        plain-rows table new to it; None draws a fresh random one, so every context gets its own."""
         refs = {}
         for key, src in d.sources.items():
             before = None if pre is None else pre.get(key)
@@ -382,9 +384,10 @@ class Refresher:
                 else:
                     log = DeltaLog(self.spark, src.path)
                     sizes = {v: size for v in {before, post[key]} if (size := log.table_size(v)) is not None}
-            refs[key] = SourceRef(src.path, post[key], before, src.mult_col, only, sizes)
+            refs[key] = SourceRef(src.path, post[key], before, insert_only=only, sizes=sizes)
         hold_below = int(self.spark.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
-        return Context(refs, target_path=d.path, materialize_changes=True, hold_below=hold_below)
+        return Context(refs, target_path=d.path, materialize_changes=True, hold_below=hold_below,
+                       salt=salt if salt is not None else uuid.uuid4().hex)
 
     def _differential(self, d: StreamTableDef, pre: dict[str, int], post: dict[str, int],
                       windows: dict[str, Window], record: dict[str, Any],
@@ -431,18 +434,18 @@ class Refresher:
         if plan is not None:
             return plan.full_sql(ctx, d.types)
         pinned = dvm.parser.pin_sources(d.maintained_query, self.from_items(d, post), d.dialect)
-        return bag_rows_sql(pinned, d.names, d.types, None)
+        return plain_rows_sql(pinned, d.names, d.types, ctx.salt)
 
     def from_items(self, d: StreamTableDef, post: dict[str, int]) -> dict[str, str]:
-        """FROM items reading each source at ``post``; stream tables show only their user columns."""
+        """FROM items reading each source at ``post``; stream tables show only their user columns (they store
+        plain rows: one physical row per copy, nothing to expand)."""
         out = {}
         for key, src in d.sources.items():
             table = f"delta.{quote(src.path)} VERSION AS OF {post[key]}"
             if src.kind == "stream_table":
                 up = self.catalog.get(key)
                 cols = ", ".join(quote(n) for n in up.names)
-                expand = f" LATERAL VIEW explode(sequence(1, {src.mult_col})) __mx AS __mi" if src.mult_col else ""
-                out[key] = f"(SELECT {cols} FROM {table}{expand})"
+                out[key] = f"(SELECT {cols} FROM {table})"
             else:
                 out[key] = table
         return out

@@ -69,17 +69,17 @@ def test_rule_per_window_and_notes() -> None:
 
 
 def test_old_result_is_read_from_the_stream_table_when_it_stores_the_cte() -> None:
-    """SELECT of every CTE column (any order): R_pre = the stream table (weights from __mult), no pre
+    """SELECT of every CTE column (any order): R_pre = the stream table (each stored row weighs 1), no pre
     recursion. Projecting fewer columns: R_pre is the recursion evaluated on the old snapshot."""
     plan = dvm.compile_query(TREE + "SELECT depth, path, id, parent, name FROM t", SCHEMAS)
     c = ctx("org")
     sql = everything(c, plan.merge_source_sql(c, ["int", "string", "int", "int", "string"]))
-    assert "__mult AS __w FROM delta.`/w/st`" in sql and "WITH RECURSIVE" not in sql
+    assert "CAST(1 AS BIGINT) AS __w FROM delta.`/w/st`" in sql and "WITH RECURSIVE" not in sql
     assert "`path` AS `path`" in sql  # user column -> CTE column by name
     narrow = dvm.compile_query(TREE + "SELECT id, depth FROM t", SCHEMAS)
     c = ctx("org")
     sql = everything(c, narrow.merge_source_sql(c, ["int", "int"]))
-    assert "__mult AS __w" not in sql
+    assert "AS __w FROM delta.`/w/st`" not in sql
     r_pre = c.fixpoints[0][1]  # the old result, recomputed once by Spark's recursion on P
     assert r_pre.step is None and "WITH RECURSIVE" in r_pre.seed and "VERSION AS OF 4" in r_pre.seed
 
@@ -128,7 +128,7 @@ def test_terms_that_are_not_linear_and_monotone_use_recompute_diff(step: str, re
     c = ctx("org")
     sql = plan.merge_source_sql(c, TYPES5)
     assert sql is not None and "recompute-diff" in c.notes[0] and reason in c.notes[0]
-    assert "VERSION AS OF 5" in sql and "__mult AS __w" in sql  # post recursion minus the stored result
+    assert "VERSION AS OF 5" in sql and "AS __w FROM delta.`/w/st`" in sql  # post recursion minus the stored result
     assert "recompute-diff" in plan.tree_text()
 
 

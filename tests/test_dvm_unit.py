@@ -6,8 +6,9 @@ import pytest
 
 import dvm
 from dvm import Context, QueryError, SourceRef, UnsupportedError
+from dvm.context import Fixpoint
 from dvm.operators.join import InnerJoin
-from dvm.plan import bag_rows_sql
+from dvm.plan import bag_delta_sql
 
 SCHEMAS = {
     "emp": [("id", "int"), ("name", "string"), ("dept", "int"), ("sal", "double")],
@@ -96,7 +97,7 @@ def test_query_errors_name_the_problem(query: str, needle: str) -> None:
 
 
 def test_float_row_ids_tolerate_summation_order() -> None:
-    sql = bag_rows_sql("SELECT 1", ["a", "b"], ["double", "int"], "__w")
+    sql = bag_delta_sql("SELECT 1", ["a", "b"], ["double", "int"], "__w")
     assert "format_string('%.12g', `a` + 0.0)" in sql and "MAX(`a`) AS `a`" in sql
 
 
@@ -126,7 +127,8 @@ def _labels(query: str) -> list[str]:
 
 
 def _abc_ctx(a: bool = True, b: bool = True, c: bool = True) -> Context:
-    return Context({n: SourceRef(f"/w/{n}", 5, 4 if ch else 5) for n, ch in (("a", a), ("b", b), ("c", c))})
+    return Context({n: SourceRef(f"/w/{n}", 5, 4 if ch else 5) for n, ch in (("a", a), ("b", b), ("c", c))},
+                   target_path="/w/st")
 
 
 def test_full_join_is_its_own_operator_and_using_keys_follow_the_merged_column() -> None:
@@ -146,22 +148,35 @@ def test_full_join_is_its_own_operator_and_using_keys_follow_the_merged_column()
     assert len(plan.root.cols) == 4 and "COALESCE" in plan.root.label()
 
 
+def _held_text(sql: str, ctx: Context) -> str:
+    """``sql`` and the seeds of the relations it holds: everything a refresh runs."""
+    return sql + "".join(spec.seed + (spec.step or "") for _, spec in ctx.fixpoints)
+
+
+def _netted_delta(ctx: Context) -> list[Fixpoint]:
+    """The held netted delta of a plain-rows (bag) table: read twice by its change rows (dvm.plan)."""
+    return [spec for _, spec in ctx.fixpoints if spec.step is None and " AS __dw " in spec.seed]
+
+
 def test_materialised_change_windows_are_read_once_per_source() -> None:
     """With ``materialize_changes`` (every refresh) a source's Change Data Feed window is one materialised
     relation, however many places of the delta read it: the SQL names it, never ``table_changes``."""
     plan = dvm.compile_query("SELECT a.x, b.y FROM a FULL JOIN b ON a.k = b.k UNION ALL "
                              "SELECT a.x, c.z FROM a JOIN c ON a.k = c.k", JOIN_SCHEMAS)
-    ctx = Context({n: SourceRef(f"/w/{n}", 5, 4) for n in "abc"}, materialize_changes=True)
+    ctx = Context({n: SourceRef(f"/w/{n}", 5, 4) for n in "abc"}, materialize_changes=True, target_path="/w/st")
     sql = plan.merge_source_sql(ctx, ["int", "int"])
     assert sql is not None and "table_changes" not in sql
-    seeds = sorted(spec.seed for _, spec in ctx.fixpoints)
+    [netted] = _netted_delta(ctx)
+    assert "table_changes" not in netted.seed
+    seeds = sorted(spec.seed for _, spec in ctx.fixpoints if spec is not netted)
     assert seeds == [f"SELECT * FROM table_changes_by_path('/w/{n}', 5, 5)" for n in "abc"]
-    assert all(spec.step is None and name in sql for name, spec in ctx.fixpoints)
+    assert all(spec.step is None and name in _held_text(sql, ctx) for name, spec in ctx.fixpoints)
 
 
 def test_change_windows_read_once_after_cte_inlining_are_not_materialised() -> None:
     """Materialising costs a Spark job; it pays only where Spark would plan the window several times, which
-    a CTE read by several terms also causes. A window read once is put back in place."""
+    a CTE read by several terms also causes. A window read once is put back in place, also when the one
+    place is a held query (the netted delta of a plain-rows table, which runs once)."""
     from dvm.rewrite import inlined_read_counts
 
     sql = ("WITH x AS (SELECT * FROM global_temp.w1), y AS (SELECT * FROM x UNION ALL SELECT * FROM x) "
@@ -169,16 +184,20 @@ def test_change_windows_read_once_after_cte_inlining_are_not_materialised() -> N
     reads = inlined_read_counts(sql)
     assert reads[("global_temp", "w1")] == 2 and reads[("global_temp", "w2")] == 1
     assert reads[("global_temp", "w3")] == 0
-    # a one-source filter reads its window once: no fixpoint left, the Change Data Feed read in place
+    # a one-source filter reads its window once: only the netted delta is held, the Change Data Feed read
+    # in place inside it
     plan = dvm.compile_query("SELECT a.x FROM a WHERE a.x > 1", JOIN_SCHEMAS)
-    ctx = Context({"a": SourceRef("/w/a", 5, 4)}, materialize_changes=True)
+    ctx = Context({"a": SourceRef("/w/a", 5, 4)}, materialize_changes=True, target_path="/w/st")
     sql = ctx.unshare_single_reads(plan.merge_source_sql(ctx, ["int"]) or "")
-    assert ctx.fixpoints == [] and "table_changes_by_path('/w/a', 5, 5)" in sql
+    [netted] = _netted_delta(ctx)
+    assert len(ctx.fixpoints) == 1 and "table_changes_by_path('/w/a', 5, 5)" in netted.seed
+    assert "table_changes" not in sql and sql.count(ctx.fixpoints[0][0]) == 2
     # the full join reads each window several times (terms over one shared delta): both stay materialised
     plan = dvm.compile_query("SELECT a.x, b.y FROM a FULL JOIN b ON a.k = b.k", JOIN_SCHEMAS)
-    ctx = Context({n: SourceRef(f"/w/{n}", 5, 4) for n in "ab"}, materialize_changes=True)
+    ctx = Context({n: SourceRef(f"/w/{n}", 5, 4) for n in "ab"}, materialize_changes=True, target_path="/w/st")
     sql = ctx.unshare_single_reads(plan.merge_source_sql(ctx, ["int", "int"]) or "")
-    assert len(ctx.fixpoints) == 2 and "table_changes" not in sql
+    assert len(ctx.fixpoints) == 3 and "table_changes" not in _held_text(sql, ctx).replace(
+        "SELECT * FROM table_changes", "")
 
 
 def test_small_snapshots_are_held_once_and_single_reads_put_back() -> None:
@@ -186,19 +205,22 @@ def test_small_snapshots_are_held_once_and_single_reads_put_back() -> None:
     large one, or one without a known size, stays a Delta time-travel scan; one read only once is put back."""
     plan = dvm.compile_query("SELECT a.x, b.y FROM a FULL JOIN b ON a.k = b.k", JOIN_SCHEMAS)
     refs = {"a": SourceRef("/w/a", 5, 4, sizes={4: 900, 5: 1000}), "b": SourceRef("/w/b", 5, 4, sizes={4: 5000})}
-    ctx = Context(refs, materialize_changes=True, hold_below=4096)
+    ctx = Context(refs, materialize_changes=True, hold_below=4096, target_path="/w/st")
     sql = ctx.unshare_single_reads(plan.merge_source_sql(ctx, ["int", "int"]) or "")
-    held = {spec.seed: name for name, spec in ctx.fixpoints}
+    [netted] = _netted_delta(ctx)
+    sql += netted.seed  # the query and the netted delta it holds: each runs once
+    held = {spec.seed: name for name, spec in ctx.fixpoints if spec is not netted}
     assert {"SELECT * FROM delta.`/w/a` VERSION AS OF 4", "SELECT * FROM delta.`/w/a` VERSION AS OF 5"} & set(held)
     for version in (4, 5):  # every snapshot of a: held, or read in place at most once
         seed = f"SELECT * FROM delta.`/w/a` VERSION AS OF {version}"
         assert (seed in held and held[seed] in sql) or sql.count(f"delta.`/w/a` VERSION AS OF {version}") <= 1
     assert not any("/w/b` VERSION" in seed for seed in held) and sql.count("delta.`/w/b` VERSION AS OF") >= 2
-    # a one-source filter reads its snapshot at most once: nothing is held
+    # a one-source filter reads its snapshot at most once: nothing is held but the netted delta
     plan = dvm.compile_query("SELECT a.x FROM a WHERE a.x > 1", JOIN_SCHEMAS)
-    ctx = Context({"a": SourceRef("/w/a", 5, 4, sizes={4: 900, 5: 1000})}, materialize_changes=True, hold_below=4096)
+    ctx = Context({"a": SourceRef("/w/a", 5, 4, sizes={4: 900, 5: 1000})}, materialize_changes=True, hold_below=4096,
+                  target_path="/w/st")
     sql = ctx.unshare_single_reads(plan.merge_source_sql(ctx, ["int"]) or "")
-    assert ctx.fixpoints == [] and "global_temp" not in sql
+    assert len(ctx.fixpoints) == 1 and "global_temp" not in _held_text(sql, ctx).replace(ctx.fixpoints[0][0], "")
 
 
 def test_nested_join_groups_and_semi_anti_join_syntax() -> None:

@@ -167,7 +167,7 @@ def test_topk_at_the_top_diffs_the_post_top_against_the_stored_rows() -> None:
     sql = plan.merge_source_sql(ctx(), ["int", "double"])
     assert sql is not None
     assert "VERSION AS OF 5" in sql and "VERSION AS OF 4" not in sql  # no pre snapshot
-    assert "-__mult AS __w FROM delta.`/w/st`" in sql  # the stored rows are TopK(pre)
+    assert "CAST(-1 AS BIGINT) AS __w FROM delta.`/w/st`" in sql  # the stored rows are TopK(pre), -1 each
     assert "LIMIT 3" in sql
     assert plan.merge_source_sql(ctx(emp_changed=False), ["int", "double"]) is None
     assert "merged against the stored rows" in plan.tree_text()

@@ -27,7 +27,7 @@ _SINGLE = "test_single_table_operators_differential"
 _JOINS = "test_join_operators_differential"
 COVERAGE = [
     Row("SELECT * (scan), keyless source with duplicate rows", "DIFFERENTIAL", "SELECT * FROM c", _SINGLE,
-        "duplicates are stored once with their count (`__mult`)"),
+        "stored as plain rows: each duplicate is a row of its own (hidden `__row_hash`, `__row_id`)"),
     Row("WHERE: AND / OR / NOT, comparisons, IS [NOT] NULL", "DIFFERENTIAL",
         "SELECT id, v FROM a WHERE (v > 5 AND x IS NOT NULL) OR s IS NULL OR (k = 2 AND x < 0)", _SINGLE),
     Row("Projection: arithmetic, CASE, CAST, deterministic built-in functions", "DIFFERENTIAL",

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from dvm.context import Context, State, quote
+from dvm.context import Context, State
 from dvm.dialect import SPARK
 from dvm.operators.base import Node, W, col_list, consolidate, union_all
 from dvm.operators.join import TAG, Inputs, affected_rows
@@ -55,10 +55,7 @@ class InnerSource:
 
     def from_item(self, ctx: Context, state: State) -> str:
         cols = col_list([c for c, _ in self.scan.columns]) or "1 AS __one"
-        table = ctx.table(self.scan.source, state)
-        mult = ctx.mult_col(self.scan.source)
-        expand = f" LATERAL VIEW explode(sequence(1, {quote(mult)})) __mx AS __mi" if mult else ""
-        return f"(SELECT {cols} FROM {table}{expand})"
+        return f"(SELECT {cols} FROM {ctx.table(self.scan.source, state)})"
 
 
 @dataclass(eq=False)

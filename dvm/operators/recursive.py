@@ -122,13 +122,13 @@ class RecursiveCte(Node):
     step_ast: exp.Expression  # qualified recursive term; reads the CTE by ``name``
     distinct: bool  # UNION (set semantics) rather than UNION ALL
     placeholders: dict[str, str]  # placeholder table name -> source key
-    source_columns: dict[str, list[str]]  # source key -> its columns (to expand stream tables)
+    source_columns: dict[str, list[str]]  # source key -> its columns (unused since stream tables store plain rows)
     helpers: list[tuple[str, exp.Expression]]  # other CTEs the body reads, in definition order
     anchor: Node | None  # the anchor as an operator tree (its delta rule); None: anchor diffed natively
     shape: Shape | None  # None: the recursive term is not linear/monotone -> recompute-diff
     shape_reason: str = ""  # why ``shape`` is None
     #: set by the plan when the stream table stores exactly this CTE's rows: the user column name of
-    #: each CTE column (R_pre is then read from the stream table, weights from ``__mult``)
+    #: each CTE column (R_pre is then read from the stream table, each stored row weighing 1)
     stored: list[str] | None = None
     id: int = field(default_factory=lambda: next(_IDS))
 
@@ -167,13 +167,9 @@ class RecursiveCte(Node):
         return f"__rc{self.id}_{what}"
 
     def source_item(self, ctx: Context, key: str, state: State) -> str:
-        """A FROM item reading source ``key`` at ``state`` (a stream table's duplicates expanded)."""
-        table = ctx.table(key, state)
-        mult = ctx.mult_col(key)
-        if mult is None:
-            return table
-        cols = col_list(self.source_columns[key])
-        return f"(SELECT {cols} FROM {table} LATERAL VIEW explode(sequence(1, {quote(mult)})) __mx AS __mi)"
+        """A FROM item reading source ``key`` at ``state``. A stream table is read as it is: it stores plain
+        rows (one physical row per copy), and only its user columns are referenced."""
+        return ctx.table(key, state)
 
     def _render(self, ast: exp.Expression, sub, extra: str | None = None) -> str:
         """``ast`` as Spark SQL with each table reference replaced by ``sub(table)`` (None: kept), and
@@ -244,7 +240,8 @@ class RecursiveCte(Node):
         """R_pre with weights: from the stream table when it stores this CTE's rows, else recomputed."""
         if self.stored is not None:
             cols = ", ".join(f"{quote(u)} AS {quote(c)}" for u, c in zip(self.stored, self.columns, strict=True))
-            return f"SELECT {cols}, __mult AS {W} FROM {ctx.target()}"
+            # plain rows: each stored row is one copy (the rules treat R_pre as a Z-set, unconsolidated)
+            return f"SELECT {cols}, CAST(1 AS BIGINT) AS {W} FROM {ctx.target()}"
         return f"SELECT *, CAST(1 AS BIGINT) AS {W} FROM ({self.native(ctx, 'pre')})"
 
     def _anchor_delta(self, ctx: Context) -> str | None:

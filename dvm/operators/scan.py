@@ -1,8 +1,9 @@
 """Scan: a source table.
 
 Delta rule: ΔScan = the Change Data Feed of the window, netted per tuple. ``insert`` and
-``update_postimage`` rows weigh +1, ``delete`` and ``update_preimage`` rows -1 (times the stored
-multiplicity when the source is a stream table kept as distinct tuples with a count). Consolidating on the
+``update_postimage`` rows weigh +1, ``delete`` and ``update_preimage`` rows -1. A source that is a stream
+table needs nothing more: it stores plain rows (one physical row per copy, see :mod:`dvm.plan`), so each row
+of its snapshot or change feed is one copy, and its hidden columns are simply not selected. Consolidating on the
 *used* columns only makes an update that touches no column the query reads vanish right here, and collapses
 update chains inside one window into -first +last.
 """
@@ -36,24 +37,14 @@ class Scan(Node):
         return ", ".join(f"{quote(s)} AS {quote(i)}" for s, i in self.columns)
 
     def snapshot(self, ctx: Context, state: State) -> str:
-        mult = ctx.mult_col(self.source)
-        table = ctx.table(self.source, state)
-        if mult is None:
-            return f"SELECT {self._select_list()} FROM {table}"
-        # a stream table stored as distinct tuples with a count: expand back into a bag
-        return (
-            f"SELECT {self._select_list()} FROM {table} "
-            f"LATERAL VIEW explode(sequence(1, {quote(mult)})) __mx AS __mi"
-        )
+        return f"SELECT {self._select_list()} FROM {ctx.table(self.source, state)}"
 
     def delta(self, ctx: Context) -> str | None:
         if not ctx.changed(self.source):
             return None
-        mult = ctx.mult_col(self.source)
         sign = "CASE WHEN _change_type IN ('insert', 'update_postimage') THEN 1 ELSE -1 END"
-        weight = f"{sign} * {quote(mult)}" if mult else sign
         return consolidate(
-            f"SELECT {self._select_list()}, CAST({weight} AS BIGINT) AS {W} FROM {ctx.changes(self.source)}",
+            f"SELECT {self._select_list()}, CAST({sign} AS BIGINT) AS {W} FROM {ctx.changes(self.source)}",
             self.cols,
         )
 

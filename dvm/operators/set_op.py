@@ -19,7 +19,7 @@ with the signed difference as its weight (a Z-set row stands for |w| copies, so 
 
 Why counts and not stored state: the operator may sit anywhere in the tree (under a join, an aggregate,
 another set operation), where nothing of its own is stored; at the top of a stream table its output goes
-into the bag layout (one row per distinct tuple with ``__mult``) like any other non-aggregate query.
+into the plain-rows (bag) layout like any other non-aggregate query.
 Counting the touched tuples of the post snapshots is a semi-join against the (small) set T.
 
 Tuples are compared NULL-safely, as SQL's set operations do (NULL equals NULL): GROUP BY groups NULLs
