@@ -52,7 +52,9 @@ class Window:
     ``schema_changed_at``: the first version in the window whose ``metaData`` changed the schema or the
     partitioning (same table id); ``truncated_at``: the first that emptied the table; ``insert_only``: every
     commit in the window only added rows; ``sizes``: bytes of data files at ``pre`` / ``post`` where the
-    checksum file says."""
+    checksum file says; ``change_bytes``: bytes of the files the window's Change Data Feed reads (its
+    ``cdc`` files where a commit wrote them, else the data files it added and removed): what the delta job
+    reads of this source's changes, the refresh's estimate of how large its delta can be."""
 
     pre: int | None
     post: int
@@ -61,7 +63,12 @@ class Window:
     truncated_at: int | None = None
     insert_only: bool = False
     sizes: dict[int, int] = field(default_factory=dict)
+    change_bytes: int = 0
 
+
+#: path -> the newest ``protocol`` action seen: commits without a checksum file (delta-rs writes none) and
+#: without a protocol action keep the table's protocol
+_PROTOCOL_SEEN: dict[str, tuple[int, dict[str, Any]]] = {}
 
 #: path -> (version, signature of that commit file, meta): a table's metadata at a version it was last
 #: read at, so the next refresh reads only the commits since (see :meth:`DeltaLog.metadata`)
@@ -176,6 +183,29 @@ class DeltaLog:
         except (ValueError, KeyError, TypeError):
             return None
 
+    def protocol(self, version: int) -> dict[str, Any] | None:
+        """The table's ``protocol`` action at ``version``: from the newest checksum file or protocol action
+        at or below it (only Spark writes checksum files; delta-rs commits keep the protocol they found),
+        looking back at most 50 versions; None when not found."""
+        seen = _PROTOCOL_SEEN.get(self.path)
+        if seen is not None and seen[0] <= version and version - seen[0] <= 50 and all(
+                "protocol" not in a for v in range(seen[0] + 1, version + 1) for a in self.actions(v)):
+            return seen[1]
+        for v in range(version, max(-1, version - 50), -1):
+            found = None
+            text = self._read(f"{v:020d}.crc")
+            if text:
+                try:
+                    found = json.loads(text).get("protocol")
+                except ValueError:
+                    found = None
+            if not isinstance(found, dict):
+                found = next((a["protocol"] for a in self.actions(v) if "protocol" in a), None)
+            if isinstance(found, dict):
+                _PROTOCOL_SEEN[self.path] = (v, found)
+                return found
+        return None
+
     def actions(self, version: int) -> list[dict[str, Any]]:
         """The actions of one commit (read once per :class:`DeltaLog`: commit files never change)."""
         if version not in self._actions:
@@ -253,10 +283,14 @@ class DeltaLog:
             return Window(pre, post, meta)
         schema_changed = truncated = None
         insert_only = True
+        change_bytes = 0
         for v in range(pre + 1, post + 1):
             actions = self.actions(v)
             if not actions:
                 insert_only = False
+            cdc = [a["cdc"] for a in actions if "cdc" in a]
+            files = cdc or [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
+            change_bytes += sum(int((f or {}).get("size") or 0) for f in files if (f or {}).get("dataChange", True))
             for a in actions:
                 if "metaData" in a:
                     insert_only = False
@@ -268,7 +302,7 @@ class DeltaLog:
             if truncated is None and _is_truncate(self.commit_info(v)):
                 truncated = v
         sizes = {v: size for v in (pre, post) if (size := self.table_size(v)) is not None}
-        return Window(pre, post, meta, schema_changed, truncated, insert_only, sizes)
+        return Window(pre, post, meta, schema_changed, truncated, insert_only, sizes, change_bytes)
 
     def _shape_changed(self, pre: int, version: int, m: TableMeta) -> bool:
         """Whether the ``metaData`` committed at ``version`` changes the schema or partitioning relative to

@@ -115,12 +115,72 @@ def merge(spark: Any, path: str, source_sql: str, statement: Callable[[str], str
     version = _committed(spark, path, record, read_version)
     if version is None:
         return None
-    m = DeltaLog(spark, path).commit_info(version).get("operationMetrics", {})
-    return {
-        "inserted": int(m.get("numTargetRowsInserted", 0)),
-        "updated": int(m.get("numTargetRowsUpdated", 0)),
-        "deleted": int(m.get("numTargetRowsDeleted", 0)),
-    }
+    return _counts(DeltaLog(spark, path).commit_info(version))
+
+
+def collect(spark: Any, source_sql: str, record: dict[str, Any], read_version: int | None,
+            interpreted: bool = False, conf: dict[str, str] | None = None) -> Any:
+    """Compute the change rows and hand them to the driver as Arrow, in one Spark job: the delta of a small
+    window is then committed without another job (see :func:`apply_collected`)."""
+    session = _session(spark, record, read_version)
+    for k, v in {**(INTERPRETED if interpreted else {}), **(conf or {})}.items():
+        session.conf.set(k, v)
+    return session.sql(source_sql).toArrow()
+
+
+def apply_collected(spark: Any, path: str, rows: Any, strategy: str, engine: str, stored: list[str], update: bool,
+                    statement: Callable[[str], str], record: dict[str, Any],
+                    read_version: int | None) -> dict[str, int] | None:
+    """Commit collected change rows (``rows``, Arrow) with ``strategy`` (APPEND or MERGE, see
+    :mod:`pipeline.strategy`) on ``engine`` (``delta-rs`` or ``spark``); None when nothing was committed.
+    ``stored``: the table's columns in order; ``update``: matched rows are updated (keyed layout)."""
+    from connectors import delta_rs
+
+    if engine == "delta-rs":
+        assert read_version is not None
+        kwargs = {"record": record, "read_version": read_version, "txn_version": txn_version(read_version),
+                  "app_id": TXN_APP_ID}
+        try:
+            if strategy == "APPEND":
+                delta_rs.append(path, rows.select(stored), **kwargs)
+            else:
+                delta_rs.merge(path, rows, stored, update, **kwargs)
+        except delta_rs.CommitFailed as e:
+            _committed(spark, path, record, read_version)  # CommitLost when another refresh won
+            raise CommitLost(f"delta-rs did not commit to {path} at version {txn_version(read_version)}: {e}; "
+                             "the table moved on since this refresh read it") from e
+    else:
+        session = _session(spark, record, read_version)
+        frame = session.createDataFrame(rows)
+        if strategy == "APPEND":
+            (frame.select(*[f"`{c}`" for c in stored]).write.format("delta").mode("append")
+             .option("txnAppId", TXN_APP_ID).option("txnVersion", str(txn_version(read_version)))
+             .option("userMetadata", _metadata(record)).save(path))
+        else:
+            view = f"__trickle_delta_{record['refresh_id']}"
+            frame.createOrReplaceTempView(view)
+            try:
+                session.sql(statement(f"SELECT * FROM {view}"))
+            finally:
+                session.catalog.dropTempView(view)
+    version = _committed(spark, path, record, read_version)
+    if version is None:
+        return None
+    return _counts(DeltaLog(spark, path).commit_info(version))
+
+
+def _counts(info: dict[str, Any]) -> dict[str, int]:
+    """Rows inserted / updated / deleted, from a commit's metrics (Spark's or delta-rs' names)."""
+    m = info.get("operationMetrics") or {}
+
+    def get(*keys: str) -> int:
+        return next((int(m[k]) for k in keys if k in m), 0)
+
+    if str(info.get("operation", "")).upper() == "WRITE":
+        return {"inserted": get("numOutputRows", "num_added_rows"), "updated": 0, "deleted": 0}
+    return {"inserted": get("numTargetRowsInserted", "num_target_rows_inserted"),
+            "updated": get("numTargetRowsUpdated", "num_target_rows_updated"),
+            "deleted": get("numTargetRowsDeleted", "num_target_rows_deleted")}
 
 
 def _release(checkpointed: Any) -> None:

@@ -90,6 +90,8 @@ class Context:
     sources: dict[str, SourceRef] = field(default_factory=dict)
     #: the stream table's own Delta path: the algebraic aggregate rule reads its stored state from it
     target_path: str | None = None
+    #: a relation holding the stream table's rows, read by the refresh executor (see :meth:`target`)
+    target_relation: str | None = None
     #: what rules decided while rendering this refresh (e.g. which recursive-CTE strategy), for its record
     notes: list[str] = field(default_factory=list)
     #: fixpoints the rendered SQL reads, in the order they must run (a later one may read an earlier one)
@@ -193,5 +195,9 @@ class Context:
         return self.sources[key].changed
 
     def target(self) -> str:
+        """The stream table's stored rows as a FROM item: ``target_relation`` when the refresh executor holds
+        them (a small table read once, at the version the refresh will commit against), else the table."""
+        if self.target_relation is not None:
+            return self.target_relation
         assert self.target_path is not None
         return f"delta.{quote(self.target_path)}"

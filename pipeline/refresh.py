@@ -31,16 +31,19 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.compute as pc
+
 import dvm
-from connectors import delta_sink
+from connectors import delta_rs, delta_sink
 from connectors.delta_log import DeltaLog, Window
 from dvm.context import Context, SourceRef, quote
 from dvm.plan import plain_rows_sql
-from pipeline import fixpoints
+from pipeline import fixpoints, strategy
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 
@@ -59,10 +62,15 @@ class RefreshResult:
     frontier: dict[str, int] = field(default_factory=dict)
     refresh_id: str | None = None
     recovered: bool = False
+    #: how the delta was applied and why (see :mod:`pipeline.strategy`); None for NO_DATA
+    apply: str | None = None
 
 
 #: Spark conf: differential refreshes over less data than this many bytes run interpreted (no codegen).
 INTERPRETED_BELOW = "trickle.refresh.interpretedBelowBytes"
+#: Spark conf: a stream table smaller than this many bytes is read by delta-rs once per differential refresh
+#: and held (see :meth:`Refresher._held_target`); 0 disables.
+HOLD_TARGET_BELOW = "trickle.refresh.holdTargetBelowBytes"
 #: Spark conf: a source snapshot a differential refresh reads is held once per refresh (instead of
 #: scanned at every place its delta rule reads it) when its data files total fewer bytes than this.
 HOLD_SNAPSHOTS_BELOW = "trickle.refresh.holdSnapshotsBelowBytes"
@@ -72,6 +80,11 @@ STRICT = "trickle.refresh.strict"
 
 def _after_commit(name: str) -> None:
     """Test hook: called between the stream table's commit and the catalog update."""
+
+
+def _before_commit(name: str) -> None:
+    """Test hook: called once a refresh has read its frontier and computed what to write, right before it
+    commits (where another writer's commit must be caught)."""
 
 
 AfterCommit = Callable[[str], None]
@@ -84,6 +97,7 @@ class Refresher:
         self.strict = strict
         self._plans: dict[tuple[str, str], dvm.Plan | None] = {}
         self.after_commit: AfterCommit = _after_commit
+        self.before_commit: AfterCommit = _before_commit
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -331,7 +345,7 @@ class Refresher:
             reason = f"{reason}; the delta changed no row, so nothing was committed"
         duration = (time.perf_counter() - t0) * 1000
         result = RefreshResult(d.name, action, reason, counts["inserted"], counts["deleted"], counts["updated"],
-                               duration, post, refresh_id, recovered)
+                               duration, post, refresh_id, recovered, record.get("apply"))
         soft = None
         if committed_nothing:
             soft = {"table_version": committed.version, "refresh_id": (meta or {}).get("refresh_id"),
@@ -367,7 +381,8 @@ class Refresher:
         return "DIFFERENTIAL", "source changes applied as a delta"
 
     def context(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int],
-                windows: dict[str, Window] | None = None, salt: str | None = None) -> Context:
+                windows: dict[str, Window] | None = None, salt: str | None = None,
+                target_relation: str | None = None) -> Context:
         """The sources of one refresh; ``windows`` (see :meth:`windows`) say which only inserted rows (rules
         that can use it: recursive CTEs) and how large each source is (holding, code generation). ``salt``
         (see :attr:`Context.salt`; e.g. the refresh id) makes the ids of rows this refresh inserts into a
@@ -387,7 +402,7 @@ class Refresher:
             refs[key] = SourceRef(src.path, post[key], before, insert_only=only, sizes=sizes)
         hold_below = int(self.spark.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
         return Context(refs, target_path=d.path, materialize_changes=True, hold_below=hold_below,
-                       salt=salt if salt is not None else uuid.uuid4().hex)
+                       salt=salt if salt is not None else uuid.uuid4().hex, target_relation=target_relation)
 
     def _differential(self, d: StreamTableDef, pre: dict[str, int], post: dict[str, int],
                       windows: dict[str, Window], record: dict[str, Any],
@@ -395,7 +410,37 @@ class Refresher:
         """Apply the delta of (pre, post]; None when it changes nothing (nothing committed)."""
         plan = self.plan(d, windows)
         assert plan is not None
-        ctx = self.context(d, pre, post, windows)
+        with self._held_target(d, read_version, record["refresh_id"]) as target_relation:
+            ctx = self.context(d, pre, post, windows, salt=record["refresh_id"], target_relation=target_relation)
+            return self._apply_delta(d, plan, ctx, windows, record, read_version)
+
+    @contextmanager
+    def _held_target(self, d: StreamTableDef, read_version: int | None, refresh_id: str) -> Iterator[str | None]:
+        """The stream table's rows at ``read_version`` as a global temporary view when the table is small
+        (``trickle.refresh.holdTargetBelowBytes``, default 32 MiB), read by delta-rs with no Spark job; None
+        otherwise (the delta reads the Delta table). See :func:`connectors.delta_rs.read_small` for why."""
+        limit = int(self.spark.conf.get(HOLD_TARGET_BELOW, str(32 << 20)))
+        rows = delta_rs.read_small(d.path, read_version, limit) if read_version is not None else None
+        meta = DeltaLog(self.spark, d.path).metadata(read_version) if rows is not None else None
+        if rows is None or meta is None:
+            yield None
+            return
+        name = f"__trickle_target_{refresh_id}"
+        types = dict(meta.columns())
+        if rows.num_rows:
+            frame = self.spark.createDataFrame(rows)
+        else:  # pyspark cannot convert an Arrow table without chunks
+            frame = self.spark.createDataFrame([], ", ".join(f"{quote(c)} {t}" for c, t in meta.columns()))
+        frame = frame.selectExpr(*[f"CAST({quote(c)} AS {types[c]}) AS {quote(c)}" if c in types else quote(c)
+                               for c in frame.columns])
+        frame.createOrReplaceGlobalTempView(name)
+        try:
+            yield f"global_temp.{name}"
+        finally:
+            self.spark.catalog.dropGlobalTempView(name)
+
+    def _apply_delta(self, d: StreamTableDef, plan: dvm.Plan, ctx: Context, windows: dict[str, Window],
+                     record: dict[str, Any], read_version: int | None) -> dict[str, int] | None:
         src = plan.merge_source_sql(ctx, d.types)
         src = ctx.unshare_single_reads(src) if src is not None else None
         if ctx.notes:
@@ -403,10 +448,30 @@ class Refresher:
         if src is None:
             return None
         target = f"delta.{quote(d.path)}"
+        statement = lambda rows: plan.merge_statement(target, rows)  # noqa: E731
+        limits = strategy.Limits.from_conf(self.spark.conf)
+        change_bytes = sum(w.change_bytes for w in windows.values())
+        contract = _change_rows(plan)
         with fixpoints.evaluated(self.spark, ctx):
-            return delta_sink.merge(self.spark, d.path, src, lambda rows: plan.merge_statement(target, rows),
-                                    record, read_version, interpreted=self.small(d, ctx),
-                                    conf=fixpoints.read_conf(ctx))
+            if not strategy.collect_first(change_bytes, limits):
+                choice = strategy.uncollected(change_bytes, limits)
+                record["apply"] = choice.describe()
+                self.before_commit(d.name)
+                return delta_sink.merge(self.spark, d.path, src, statement, record, read_version,
+                                        interpreted=self.small(d, ctx), conf=fixpoints.read_conf(ctx))
+            rows = delta_sink.collect(self.spark, src, record, read_version, interpreted=self.small(d, ctx),
+                                      conf=fixpoints.read_conf(ctx))
+        stored, update, appendable = contract
+        deletes = int(pc.sum(rows.column("__del")).as_py() or 0) if rows.num_rows else 0
+        log = DeltaLog(self.spark, d.path)
+        protocol = log.protocol(read_version) if read_version is not None else None
+        choice = strategy.choose(rows.num_rows, deletes, appendable, delta_rs.unusable(d.path, protocol), limits)
+        record["apply"] = choice.describe()
+        if choice.strategy == strategy.NONE:
+            return None
+        self.before_commit(d.name)
+        return delta_sink.apply_collected(self.spark, d.path, rows, choice.strategy, choice.engine, stored, update,
+                                          statement, record, read_version)
 
     def small(self, d: StreamTableDef, ctx: Context) -> bool:
         """Whether a differential refresh should run without code generation: when the tables it reads
@@ -457,9 +522,11 @@ class Refresher:
         that lost a column fails with :class:`SourceChangedError`, and changed output types are adopted."""
         if check_output:
             self._check_output(d, post, windows)
+        record["apply"] = strategy.Choice("OVERWRITE", "spark", "the query's whole result replaces the table").describe()
         ctx = self.context(d, None, post)
         sql = self.full_sql(d, post, ctx, windows)
         with fixpoints.evaluated(self.spark, ctx):
+            self.before_commit(d.name)
             return delta_sink.overwrite(self.spark, fixpoints.reader(self.spark, ctx).sql(sql), d.path, record,
                                         read_version)
 
@@ -514,7 +581,7 @@ class Refresher:
             "refresh_id": r.refresh_id, "name": d.name, "action": r.action, "reason": r.reason, "status": "OK",
             "started_at": started, "finished_at": time.time(), "duration_ms": round(r.duration_ms, 1),
             "rows_inserted": r.rows_inserted, "rows_deleted": r.rows_deleted, "rows_updated": r.rows_updated,
-            "frontier": r.frontier, "error": None, "recovered": r.recovered,
+            "frontier": r.frontier, "error": None, "recovered": r.recovered, "apply": r.apply,
         })
         fresh = self.catalog.get(d.name)  # keep concurrent ALTERs (status, schedule) intact
         fresh.frontier = r.frontier
@@ -569,6 +636,13 @@ class _Inconsistent(Exception):
     def __init__(self, message: str, path: str, version: int) -> None:
         super().__init__(message)
         self.path, self.version = path, version
+
+
+def _change_rows(plan: dvm.Plan) -> tuple[list[str], bool, bool]:
+    """How the plan's change rows (see :mod:`dvm.plan`) are applied: the stored columns in table order,
+    whether a matched row is updated (keyed layout: rows carry state), and whether inserted rows carry fresh
+    ids, so that a delta without deletions is an append (the plain-rows layout)."""
+    return plan.stored_columns(), plan.keyed is not None, plan.keyed is None
 
 
 class _WriteConflict(Exception):
