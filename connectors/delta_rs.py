@@ -54,9 +54,10 @@ def unusable(path: str, protocol: dict[str, Any] | None) -> str | None:
     return None
 
 
-def read_small(path: str, version: int, max_bytes: int) -> Any | None:
-    """The table's rows at ``version`` as Arrow when its data files total at most ``max_bytes`` (None when
-    larger, or when delta-rs cannot read it). Why: a refresh whose delta reads the stream table's own rows
+def read_small(path: str, version: int, max_bytes: int, max_rows: int) -> Any | None:
+    """The table's rows at ``version`` as Arrow when its data files total at most ``max_bytes`` and hold at
+    most ``max_rows`` rows (None when larger, or when delta-rs cannot read it). Rows matter as much as bytes:
+    the rows become a local relation inside Spark's plan, which is planned and shipped with every task. Why: a refresh whose delta reads the stream table's own rows
     (an aggregate's stored state) otherwise has Spark load a snapshot of a table delta-rs committed to,
     which writes no checksum file, so Spark replays the log with two Spark jobs first (measured: 0.2-1 s
     per refresh); a small table read here costs milliseconds and no job."""
@@ -66,8 +67,10 @@ def read_small(path: str, version: int, max_bytes: int) -> Any | None:
 
     try:
         table = DeltaTable(path, version=version)
-        sizes = table.get_add_actions(flatten=True).column("size_bytes")
-        if sum(sizes.to_pylist()) > max_bytes:
+        adds = table.get_add_actions(flatten=True)
+        if sum(adds.column("size_bytes").to_pylist()) > max_bytes:
+            return None
+        if "num_records" not in adds.column_names or sum(n or 0 for n in adds.column("num_records").to_pylist()) > max_rows:
             return None
         return table.to_pyarrow_table()
     except Exception:  # noqa: BLE001 - an optimisation only: Spark reads the table instead

@@ -71,6 +71,7 @@ INTERPRETED_BELOW = "trickle.refresh.interpretedBelowBytes"
 #: Spark conf: a stream table smaller than this many bytes is read by delta-rs once per differential refresh
 #: and held (see :meth:`Refresher._held_target`); 0 disables.
 HOLD_TARGET_BELOW = "trickle.refresh.holdTargetBelowBytes"
+HOLD_TARGET_ROWS = "trickle.refresh.holdTargetRows"
 #: Spark conf: a source snapshot a differential refresh reads is held once per refresh (instead of
 #: scanned at every place its delta rule reads it) when its data files total fewer bytes than this.
 HOLD_SNAPSHOTS_BELOW = "trickle.refresh.holdSnapshotsBelowBytes"
@@ -417,10 +418,12 @@ class Refresher:
     @contextmanager
     def _held_target(self, d: StreamTableDef, read_version: int | None, refresh_id: str) -> Iterator[str | None]:
         """The stream table's rows at ``read_version`` as a global temporary view when the table is small
-        (``trickle.refresh.holdTargetBelowBytes``, default 32 MiB), read by delta-rs with no Spark job; None
+        (``trickle.refresh.holdTargetBelowBytes``, default 32 MiB, and ``trickle.refresh.holdTargetRows``, default
+        100,000), read by delta-rs with no Spark job; None
         otherwise (the delta reads the Delta table). See :func:`connectors.delta_rs.read_small` for why."""
         limit = int(self.spark.conf.get(HOLD_TARGET_BELOW, str(32 << 20)))
-        rows = delta_rs.read_small(d.path, read_version, limit) if read_version is not None else None
+        max_rows = int(self.spark.conf.get(HOLD_TARGET_ROWS, "100000"))
+        rows = delta_rs.read_small(d.path, read_version, limit, max_rows) if read_version is not None else None
         meta = DeltaLog(self.spark, d.path).metadata(read_version) if rows is not None else None
         if rows is None or meta is None:
             yield None
