@@ -8,6 +8,7 @@ so the benchmark can print "N jobs, X ms inside jobs, the rest on the driver" pe
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,3 +72,27 @@ def measure(spark: Any, fn: Callable[[], Any]) -> Measured:
             except Exception:  # noqa: BLE001 - a skipped stage (reused shuffle) has no attempt
                 pass
     return Measured(out, wall, len(ids), _union_length(intervals) / 1000.0, rows)
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(pid: int | str) -> float:
+    """utime + stime of one process (all its threads) from /proc/<pid>/stat, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # fields 14 and 15 of proc(5)
+
+
+def cpu_seconds(spark: Any) -> float:
+    """CPU-seconds (user + system) used so far by this Python process plus the Spark driver JVM, from
+    /proc/<pid>/stat (Linux only). Wall time on a shared 2-core machine hides what a refresh costs: a FULL
+    refresh keeps every core busy, a small differential one mostly waits on the driver; the difference of
+    two calls is what the code between them cost. In local mode the executors are threads of the driver
+    JVM, so they are counted; on a cluster the executors' CPU is not."""
+    jvm_pid = getattr(spark, "_trickle_jvm_pid", None)
+    if jvm_pid is None:
+        jvm_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # noqa: SLF001
+        spark._trickle_jvm_pid = jvm_pid  # noqa: SLF001 - one py4j round trip per session, not per call
+    return _proc_cpu("self") + (_proc_cpu(jvm_pid) if jvm_pid != os.getpid() else 0.0)
