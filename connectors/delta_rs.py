@@ -77,6 +77,32 @@ def read_small(path: str, version: int, max_bytes: int, max_rows: int) -> Any | 
         return None
 
 
+def table_rows(path: str, version: int) -> int | None:
+    """Rows of the table at ``version`` from its files' statistics (None when unknown)."""
+    if _local(path) is None:
+        return None
+    from deltalake import DeltaTable
+
+    try:
+        counts = DeltaTable(path, version=version).get_add_actions(flatten=True).column("num_records").to_pylist()
+    except Exception:  # noqa: BLE001 - only an estimate
+        return None
+    return None if any(n is None for n in counts) else int(sum(counts))
+
+
+def table_bytes(path: str, version: int) -> int | None:
+    """Bytes of the table's data files at ``version`` (None when delta-rs cannot tell): the size of a table
+    whose latest commits came from delta-rs, which writes no checksum file to read it from."""
+    if _local(path) is None:
+        return None
+    from deltalake import DeltaTable
+
+    try:
+        return int(sum(DeltaTable(path, version=version).get_add_actions(flatten=True).column("size_bytes").to_pylist()))
+    except Exception:  # noqa: BLE001 - only an estimate
+        return None
+
+
 def _properties(record: dict[str, Any], txn_version: int, app_id: str) -> Any:
     from deltalake import CommitProperties, Transaction
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from connectors.delta_log import TRICKLE_KEY, DeltaLog
+from dvm.context import quote
 
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 #: the Delta idempotent-transaction app id of refresh commits (see the module docstring)
@@ -54,7 +55,7 @@ def txn_version(read_version: int | None) -> int:
     return 0 if read_version is None else read_version + 1
 
 
-def _committed(spark: Any, path: str, record: dict[str, Any], read_version: int | None) -> int | None:
+def committed_version(spark: Any, path: str, record: dict[str, Any], read_version: int | None) -> int | None:
     """The version at which this refresh's commit landed; None when nothing was committed. Raises
     :class:`CommitLost` when another refresh committed since ``read_version`` and ours was skipped."""
     log = DeltaLog(spark, path)
@@ -112,7 +113,7 @@ def merge(spark: Any, path: str, source_sql: str, statement: Callable[[str], str
         session.catalog.dropTempView(view)
     finally:
         _release(delta)
-    version = _committed(spark, path, record, read_version)
+    version = committed_version(spark, path, record, read_version)
     if version is None:
         return None
     return _counts(DeltaLog(spark, path).commit_info(version))
@@ -146,10 +147,10 @@ def apply_collected(spark: Any, path: str, rows: Any, strategy: str, engine: str
             else:
                 delta_rs.merge(path, rows, stored, update, **kwargs)
         except delta_rs.CommitFailed as e:
-            _committed(spark, path, record, read_version)  # CommitLost when another refresh won
+            committed_version(spark, path, record, read_version)  # CommitLost when another refresh won
             raise CommitLost(f"delta-rs did not commit to {path} at version {txn_version(read_version)}: {e}; "
                              "the table moved on since this refresh read it") from e
-    else:
+    else:  # spark, or spark-dv (the same MERGE; the table has deletion vectors on)
         session = _session(spark, record, read_version)
         frame = session.createDataFrame(rows)
         if strategy == "APPEND":
@@ -163,10 +164,15 @@ def apply_collected(spark: Any, path: str, rows: Any, strategy: str, engine: str
                 session.sql(statement(f"SELECT * FROM {view}"))
             finally:
                 session.catalog.dropTempView(view)
-    version = _committed(spark, path, record, read_version)
+    version = committed_version(spark, path, record, read_version)
     if version is None:
         return None
     return _counts(DeltaLog(spark, path).commit_info(version))
+
+
+def enable_deletion_vectors(spark: Any, path: str) -> None:
+    """Turn deletion vectors on for a stream table (see :data:`pipeline.strategy.DV_ABOVE_ROWS`)."""
+    spark.sql(f"ALTER TABLE delta.{quote(path)} SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
 
 
 def _counts(info: dict[str, Any]) -> dict[str, int]:
@@ -205,7 +211,7 @@ def overwrite(spark: Any, df: Any, path: str, record: dict[str, Any], read_versi
     if spark.conf.get(DELETION_VECTORS, "false").lower() == "true":
         writer = writer.option("delta.enableDeletionVectors", "true")
     writer.save(path)
-    after = _committed(spark, path, record, read_version)
+    after = committed_version(spark, path, record, read_version)
     if after is None:
         raise CommitLost(f"the overwrite of {path} committed nothing (Delta skipped it)")
     actions = DeltaLog(spark, path).actions(after)

@@ -92,6 +92,9 @@ class Context:
     target_path: str | None = None
     #: a relation holding the stream table's rows, read by the refresh executor (see :meth:`target`)
     target_relation: str | None = None
+    #: the refresh executor knows the change window is small (it collects the delta to the driver): a rule
+    #: may broadcast a relation derived from the delta instead of letting Spark shuffle a large table
+    small_delta: bool = False
     #: what rules decided while rendering this refresh (e.g. which recursive-CTE strategy), for its record
     notes: list[str] = field(default_factory=list)
     #: fixpoints the rendered SQL reads, in the order they must run (a later one may read an earlier one)

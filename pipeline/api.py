@@ -397,6 +397,7 @@ class StreamTables:
         if plan.notes:
             lines += ["", "notes:"] + [f"  - {n}" for n in plan.notes]
         lines += ["", "hidden columns: " + ", ".join(plan.hidden_columns())]
+        lines += ["", *self._apply_lines(d, plan)]
         post = {k: 2 for k in d.sources}
         pre = {k: 1 for k in d.sources}
         ctx = self.refresher.context(d, pre, post)
@@ -445,6 +446,33 @@ class StreamTables:
                                f"the query, e.g. explain('SELECT ... FROM {text}')")
         raise CatalogError(f"no stream table or table named {text}: explain takes the name of a stream table "
                            "(status() lists them, `trickle status` on the command line) or a SELECT query")
+
+    def _apply_lines(self, d: StreamTableDef, plan: dvm.Plan) -> list[str]:
+        """How a refresh of ``d`` applies its delta and how AUTO decides (see :mod:`pipeline.strategy`)."""
+        from connectors import delta_rs
+        from pipeline import strategy
+
+        limits = strategy.Limits.from_conf(self.spark.conf)
+        if d.name == "(query)":
+            engine = "delta-rs when the stream table's features and store allow it (checked per refresh)"
+        else:
+            log = DeltaLog(self.spark, d.path)
+            latest = log.latest_version()
+            why = delta_rs.unusable(d.path, log.protocol(latest) if latest is not None else None)
+            engine = "delta-rs" if why is None and limits.delta_rs else f"Spark ({why or 'delta-rs is off'})"
+        append = ("an insert-only delta is appended (APPEND), any other is merged on __row_id (MERGE)"
+                  if plan.keyed is None else "change rows are merged on __row_id (MERGE: update, insert, delete)")
+        lines = ["apply (chosen per refresh, recorded in its history):",
+                 f"  - the delta job collects the change rows to the driver when the sources' change feeds total "
+                 f"at most {limits.collect_below_bytes} bytes ({strategy.COLLECT_BELOW}); {append}; committed by "
+                 f"{engine}, in one commit carrying the frontier",
+                 "  - larger windows: Spark's MERGE from the cluster (SPARK_MERGE)",
+                 "  - FULL / REINITIALIZE: the query's result overwrites the table (OVERWRITE)"]
+        threshold, how = strategy.CostModel.from_dict(d.cost_model).threshold()
+        if d.refresh_mode == "AUTO":
+            lines.append(f"AUTO: FULL when more than {threshold:.1%} of the sources' bytes changed in a window "
+                         f"({how}); strict mode never chooses FULL by cost")
+        return lines
 
     def read(self, name: str) -> Any:
         """The stream table as users see it: its user columns (every layout stores the query's rows as they

@@ -71,6 +71,8 @@ class StreamTableDef:
     #: ``table_version``, reflects ``frontier`` (see :mod:`pipeline.refresh`); keys: table_version,
     #: refresh_id (of the commit it builds on), frontier, base_frontier, source_ids
     soft_frontier: dict[str, Any] | None = None
+    #: what this table's refreshes cost, learned by AUTO (see :class:`pipeline.strategy.CostModel`)
+    cost_model: dict[str, Any] | None = None
     #: ``query`` with the views it reads inlined (None: it reads no view); what the engine maintains
     inlined_query: str | None = None
     #: the views inlined, outermost first (their definitions are captured at create)

@@ -27,6 +27,7 @@ after checking that the query still analyses over it (else the table goes to ERR
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import traceback
@@ -64,6 +65,8 @@ class RefreshResult:
     recovered: bool = False
     #: how the delta was applied and why (see :mod:`pipeline.strategy`); None for NO_DATA
     apply: str | None = None
+    #: bytes of the sources' change feeds over the sources' bytes (None: unknown), what AUTO decides on
+    change_ratio: float | None = None
 
 
 #: Spark conf: differential refreshes over less data than this many bytes run interpreted (no codegen).
@@ -257,7 +260,10 @@ class Refresher:
         out = {}
         for key, src in d.sources.items():
             before = None if pre is None else pre.get(key)
-            out[key] = DeltaLog(self.spark, src.path).window(before, post[key])
+            w = DeltaLog(self.spark, src.path).window(before, post[key])
+            if before is not None and post[key] not in w.sizes and (size := delta_rs.table_bytes(src.path, post[key])):
+                w = dataclasses.replace(w, sizes={**w.sizes, post[key]: size})
+            out[key] = w
         return out
 
     def base_frontier(self, d: StreamTableDef, post: dict[str, int]) -> dict[str, int]:
@@ -308,7 +314,12 @@ class Refresher:
                                    refresh_id=d.last_refresh_id, recovered=recovered)
             self._record_no_data(d, started, result)
             return result
-        action, reason = self._decide(d, pre, post, windows, replaced)
+        ratio = None
+        if pre is not None:
+            changed = [k for k in d.sources if post[k] != pre.get(k)]
+            ratio = strategy.change_ratio(sum(windows[k].change_bytes for k in changed),
+                                          [windows[k].sizes.get(post[k]) for k in d.sources])
+        action, reason = self._decide(d, pre, post, windows, replaced, ratio)
         refresh_id = uuid.uuid4().hex[:16]
         record = {"refresh_id": refresh_id, "frontier": post, "action": action, "name": d.name,
                   "base_frontier": base, "source_ids": ids}
@@ -346,7 +357,7 @@ class Refresher:
             reason = f"{reason}; the delta changed no row, so nothing was committed"
         duration = (time.perf_counter() - t0) * 1000
         result = RefreshResult(d.name, action, reason, counts["inserted"], counts["deleted"], counts["updated"],
-                               duration, post, refresh_id, recovered, record.get("apply"))
+                               duration, post, refresh_id, recovered, record.get("apply"), ratio)
         soft = None
         if committed_nothing:
             soft = {"table_version": committed.version, "refresh_id": (meta or {}).get("refresh_id"),
@@ -355,7 +366,8 @@ class Refresher:
         return result
 
     def _decide(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int],
-                windows: dict[str, Window], replaced: dict[str, str]) -> tuple[str, str]:
+                windows: dict[str, Window], replaced: dict[str, str],
+                ratio: float | None = None) -> tuple[str, str]:
         if pre is None:
             return "FULL", "initial population"
         if set(pre) != set(post):
@@ -379,11 +391,13 @@ class Refresher:
                 raise RefreshError(f"stream table {d.name} cannot be refreshed differentially: {d.full_reason} "
                                    "(strict mode: no fallback to FULL; use refresh_mode='FULL' to recompute it)")
             return "FULL", f"query not differentiable: {d.full_reason}"
+        if d.refresh_mode == "AUTO" and not self.is_strict():
+            return strategy.auto(ratio, strategy.CostModel.from_dict(d.cost_model))
         return "DIFFERENTIAL", "source changes applied as a delta"
 
     def context(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int],
                 windows: dict[str, Window] | None = None, salt: str | None = None,
-                target_relation: str | None = None) -> Context:
+                target_relation: str | None = None, small_delta: bool = False) -> Context:
         """The sources of one refresh; ``windows`` (see :meth:`windows`) say which only inserted rows (rules
         that can use it: recursive CTEs) and how large each source is (holding, code generation). ``salt``
         (see :attr:`Context.salt`; e.g. the refresh id) makes the ids of rows this refresh inserts into a
@@ -403,7 +417,8 @@ class Refresher:
             refs[key] = SourceRef(src.path, post[key], before, insert_only=only, sizes=sizes)
         hold_below = int(self.spark.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
         return Context(refs, target_path=d.path, materialize_changes=True, hold_below=hold_below,
-                       salt=salt if salt is not None else uuid.uuid4().hex, target_relation=target_relation)
+                       salt=salt if salt is not None else uuid.uuid4().hex, target_relation=target_relation,
+                       small_delta=small_delta)
 
     def _differential(self, d: StreamTableDef, pre: dict[str, int], post: dict[str, int],
                       windows: dict[str, Window], record: dict[str, Any],
@@ -412,7 +427,10 @@ class Refresher:
         plan = self.plan(d, windows)
         assert plan is not None
         with self._held_target(d, read_version, record["refresh_id"]) as target_relation:
-            ctx = self.context(d, pre, post, windows, salt=record["refresh_id"], target_relation=target_relation)
+            small = strategy.collect_first(sum(w.change_bytes for w in windows.values()),
+                                           strategy.Limits.from_conf(self.spark.conf))
+            ctx = self.context(d, pre, post, windows, salt=record["refresh_id"], target_relation=target_relation,
+                               small_delta=small)
             return self._apply_delta(d, plan, ctx, windows, record, read_version)
 
     @contextmanager
@@ -468,10 +486,16 @@ class Refresher:
         deletes = int(pc.sum(rows.column("__del")).as_py() or 0) if rows.num_rows else 0
         log = DeltaLog(self.spark, d.path)
         protocol = log.protocol(read_version) if read_version is not None else None
-        choice = strategy.choose(rows.num_rows, deletes, appendable, delta_rs.unusable(d.path, protocol), limits)
+        target_rows = delta_rs.table_rows(d.path, read_version) if read_version is not None else None
+        choice = strategy.choose(rows.num_rows, deletes, appendable, delta_rs.unusable(d.path, protocol), limits,
+                                 target_rows)
         record["apply"] = choice.describe()
         if choice.strategy == strategy.NONE:
             return None
+        if choice.engine == "spark-dv" and "deletionVectors" not in ((protocol or {}).get("writerFeatures") or []):
+            # a one-time protocol upgrade, outside the refresh's commit: it changes no row, and a commit of
+            # another refresh meanwhile is still caught by the transaction check of ours
+            delta_sink.enable_deletion_vectors(self.spark, d.path)
         self.before_commit(d.name)
         return delta_sink.apply_collected(self.spark, d.path, rows, choice.strategy, choice.engine, stored, update,
                                           statement, record, read_version)
@@ -525,13 +549,48 @@ class Refresher:
         that lost a column fails with :class:`SourceChangedError`, and changed output types are adopted."""
         if check_output:
             self._check_output(d, post, windows)
-        record["apply"] = strategy.Choice("OVERWRITE", "spark", "the query's whole result replaces the table").describe()
         ctx = self.context(d, None, post)
         sql = self.full_sql(d, post, ctx, windows)
+        small = None if check_output else self._small_full(d, read_version)
         with fixpoints.evaluated(self.spark, ctx):
-            self.before_commit(d.name)
-            return delta_sink.overwrite(self.spark, fixpoints.reader(self.spark, ctx).sql(sql), d.path, record,
-                                        read_version)
+            if small is None:
+                record["apply"] = strategy.Choice("OVERWRITE", "spark",
+                                                  "the query's whole result replaces the table").describe()
+                self.before_commit(d.name)
+                return delta_sink.overwrite(self.spark, fixpoints.reader(self.spark, ctx).sql(sql), d.path, record,
+                                            read_version)
+            rows = fixpoints.reader(self.spark, ctx).sql(sql).toArrow()
+        assert read_version is not None
+        record["apply"] = strategy.Choice("OVERWRITE", "delta-rs", f"the table held {small} rows; the result's "
+                                          f"{rows.num_rows} rows were collected and replace it").describe()
+        self.before_commit(d.name)
+        try:
+            counts = delta_rs.overwrite(d.path, rows.select(self._stored_order(d, read_version, rows.column_names)),
+                                        record, read_version, delta_sink.txn_version(read_version),
+                                        delta_sink.TXN_APP_ID)
+        except delta_rs.CommitFailed as e:
+            raise delta_sink.CommitLost(f"delta-rs did not overwrite {d.path}: {e}") from e
+        if delta_sink.committed_version(self.spark, d.path, record, read_version) is None:
+            raise delta_sink.CommitLost(f"the overwrite of {d.path} committed nothing")
+        return counts
+
+    def _small_full(self, d: StreamTableDef, read_version: int | None) -> int | None:
+        """The rows the table holds when a FULL refresh may collect its result and commit it with delta-rs
+        (the table exists, held at most ``trickle.apply.fullCollectRowsBelow`` rows, and delta-rs may write
+        it); None otherwise."""
+        limits = strategy.Limits.from_conf(self.spark.conf)
+        if read_version is None or not limits.delta_rs or limits.full_collect_rows <= 0:
+            return None
+        if delta_rs.unusable(d.path, DeltaLog(self.spark, d.path).protocol(read_version)) is not None:
+            return None
+        rows = delta_rs.table_rows(d.path, read_version)
+        return rows if rows is not None and rows <= limits.full_collect_rows else None
+
+    def _stored_order(self, d: StreamTableDef, version: int, names: list[str]) -> list[str]:
+        """``names`` in the stored table's column order (delta-rs writes by position)."""
+        meta = DeltaLog(self.spark, d.path).metadata(version)
+        order = [c for c, _ in meta.columns()] if meta is not None else []
+        return order if sorted(order) == sorted(names) else names
 
     def _check_output(self, d: StreamTableDef, post: dict[str, int], windows: dict[str, Window]) -> None:
         changed = [f"{k} (version {w.schema_changed_at})" for k, w in windows.items() if w.schema_changed_at]
@@ -585,10 +644,13 @@ class Refresher:
             "started_at": started, "finished_at": time.time(), "duration_ms": round(r.duration_ms, 1),
             "rows_inserted": r.rows_inserted, "rows_deleted": r.rows_deleted, "rows_updated": r.rows_updated,
             "frontier": r.frontier, "error": None, "recovered": r.recovered, "apply": r.apply,
+            "change_ratio": r.change_ratio,
         })
         fresh = self.catalog.get(d.name)  # keep concurrent ALTERs (status, schedule) intact
         fresh.frontier = r.frontier
         fresh.soft_frontier = soft
+        fresh.cost_model = strategy.CostModel.from_dict(fresh.cost_model).learn(
+            r.action, r.change_ratio, r.duration_ms / 1000).to_dict()
         if soft is None:
             fresh.last_refresh_id = r.refresh_id
         fresh.last_refresh_at = time.time()

@@ -31,6 +31,14 @@ COLLECT_BELOW = "trickle.apply.collectBelowBytes"
 DELTA_RS_ROWS = "trickle.apply.deltaRsRowsBelow"
 #: Spark conf: ``false`` turns the delta-rs commit path off (every commit through Spark).
 DELTA_RS = "trickle.apply.deltaRs"
+#: Spark conf: a delta that deletes or updates rows of a table holding more rows than this is merged by Spark
+#: with deletion vectors (turned on for the table when first needed): delta-rs rewrites every file a change
+#: touches, and scattered changes touch every file of a big table (measured: 7-9 s for 1000 changes into a
+#: 10M-row table, i.e. rewriting it)
+DV_ABOVE_ROWS = "trickle.apply.deletionVectorsAboveRows"
+#: Spark conf: a FULL refresh of a table that held at most this many rows collects its result to the driver
+#: and commits it with delta-rs (a small aggregate recomputed over a large source).
+FULL_COLLECT_ROWS = "trickle.apply.fullCollectRowsBelow"
 
 NONE, APPEND, MERGE, SPARK_MERGE = "NONE", "APPEND", "MERGE", "SPARK_MERGE"
 
@@ -40,6 +48,8 @@ class Limits:
     collect_below_bytes: int = 256 << 20
     delta_rs_rows: int = 2_000_000
     delta_rs: bool = True
+    full_collect_rows: int = 100_000
+    dv_above_rows: int = 2_000_000
 
     @classmethod
     def from_conf(cls, conf: Any) -> Limits:
@@ -47,7 +57,9 @@ class Limits:
         d = cls()
         return cls(int(conf.get(COLLECT_BELOW, str(d.collect_below_bytes))),
                    int(conf.get(DELTA_RS_ROWS, str(d.delta_rs_rows))),
-                   str(conf.get(DELTA_RS, "true")).strip().lower() != "false")
+                   str(conf.get(DELTA_RS, "true")).strip().lower() != "false",
+                   int(conf.get(FULL_COLLECT_ROWS, str(d.full_collect_rows))),
+                   int(conf.get(DV_ABOVE_ROWS, str(d.dv_above_rows))))
 
 
 @dataclass(frozen=True)
@@ -65,14 +77,21 @@ def collect_first(change_bytes: int, limits: Limits) -> bool:
     return change_bytes <= limits.collect_below_bytes
 
 
-def choose(rows: int, deletes: int, appendable: bool, delta_rs_unusable: str | None, limits: Limits) -> Choice:
+def choose(rows: int, deletes: int, appendable: bool, delta_rs_unusable: str | None, limits: Limits,
+           target_rows: int | None = None) -> Choice:
     """The strategy for a collected delta of ``rows`` change rows, ``deletes`` of them ``__del`` rows.
 
     ``appendable``: the layout's inserted rows carry fresh ids (never match a stored row), so a delta
     without deletions is a plain append. ``delta_rs_unusable``: why delta-rs may not commit to this table
-    (None: it may)."""
+    (None: it may). ``target_rows``: rows the table holds (None: unknown); a delta that changes stored rows
+    of a table above ``dv_above_rows`` is a MERGE with deletion vectors (engine ``spark-dv``)."""
     if rows == 0:
         return Choice(NONE, "", "the delta has no rows")
+    changes_stored = not (appendable and deletes == 0)
+    if changes_stored and target_rows is not None and target_rows > limits.dv_above_rows:
+        return Choice(MERGE, "spark-dv", f"{deletes} of {rows} change rows delete or update rows of a table of "
+                      f"{target_rows} rows (above {DV_ABOVE_ROWS}={limits.dv_above_rows}): deletion vectors mark "
+                      "them instead of rewriting the files they are in")
     if not limits.delta_rs:
         engine, why = "spark", f"delta-rs is off ({DELTA_RS}=false)"
     elif delta_rs_unusable is not None:
@@ -90,3 +109,84 @@ def uncollected(change_bytes: int, limits: Limits) -> Choice:
     """The strategy for a delta too large to collect: Spark's MERGE from the cluster."""
     return Choice(SPARK_MERGE, "spark", f"the change feeds total {change_bytes} bytes, above "
                   f"{COLLECT_BELOW}={limits.collect_below_bytes}: the delta stays in the cluster")
+
+
+# --- AUTO: DIFFERENTIAL or FULL, by estimated cost ---
+
+#: AUTO's threshold before this table has a cost history: pg_trickle's default change ratio
+DEFAULT_THRESHOLD = 0.15
+#: weight of the newest observation in the running averages of :class:`CostModel`
+ALPHA = 0.3
+#: below this change ratio a DIFFERENTIAL refresh is taken to cost its fixed floor only
+FLOOR_RATIO = 0.02
+#: until a DIFFERENTIAL refresh has been measured, AUTO tries one below this change ratio (bytes ratios of
+#: tiny tables are mostly per-file overhead, and without a measured floor the threshold is only a guess)
+EXPLORE_BELOW = 0.5
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """What this stream table's refreshes have cost, learned per table like pg_trickle's adaptive threshold:
+    a FULL refresh costs about ``full_s`` whatever changed; a DIFFERENTIAL one ``floor_s`` plus ``slope_s``
+    per unit of change ratio (bytes of the sources' change feeds over the bytes of the sources). Running
+    averages, so a table that grows or a machine that gets busier moves them along."""
+
+    full_s: float | None = None
+    floor_s: float | None = None
+    slope_s: float | None = None
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any] | None) -> CostModel:
+        doc = doc or {}
+        return cls(doc.get("full_s"), doc.get("floor_s"), doc.get("slope_s"))
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"full_s": self.full_s, "floor_s": self.floor_s, "slope_s": self.slope_s}
+
+    def threshold(self) -> tuple[float, str]:
+        """The change ratio above which FULL is cheaper, and how it was found."""
+        if self.full_s is None or self.floor_s is None:
+            return DEFAULT_THRESHOLD, "the default (no cost history yet)"
+        # without an observed slope, assume a DIFFERENTIAL refresh of half the table costs a FULL one
+        slope = self.slope_s if self.slope_s else self.full_s / 0.5
+        breakeven = max(0.0, (self.full_s - self.floor_s) / slope) if slope > 0 else 1.0
+        how = (f"learned: FULL ~{self.full_s:.2f} s, DIFFERENTIAL ~{self.floor_s:.2f} s + {slope:.2f} s x ratio"
+               + ("" if self.slope_s else " (slope assumed)"))
+        return min(breakeven, 1.0), how
+
+    def learn(self, action: str, ratio: float | None, seconds: float) -> CostModel:
+        """The model after a refresh of ``action`` over change ratio ``ratio`` took ``seconds``."""
+        def avg(old: float | None, new: float) -> float:
+            return new if old is None else (1 - ALPHA) * old + ALPHA * new
+
+        if action in ("FULL", "REINITIALIZE"):
+            return CostModel(avg(self.full_s, seconds), self.floor_s, self.slope_s)
+        if action != "DIFFERENTIAL" or ratio is None:
+            return self
+        if ratio <= FLOOR_RATIO or self.floor_s is None:
+            return CostModel(self.full_s, avg(self.floor_s, seconds), self.slope_s)
+        return CostModel(self.full_s, self.floor_s, avg(self.slope_s, max(0.0, seconds - self.floor_s) / ratio))
+
+
+def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
+    """AUTO's choice for a window whose change ratio is ``ratio`` (None: unknown), with the reason."""
+    threshold, how = model.threshold()
+    if ratio is None:
+        return "DIFFERENTIAL", "source changes applied as a delta (change ratio unknown)"
+    if model.floor_s is None and ratio <= EXPLORE_BELOW:
+        return "DIFFERENTIAL", (f"source changes applied as a delta: {ratio:.1%} of the sources changed; no "
+                                "DIFFERENTIAL refresh of this table measured yet, so one is tried first")
+    if ratio > threshold:
+        return "FULL", (f"FULL: {ratio:.1%} of the sources changed, above this table's threshold "
+                        f"{threshold:.1%} ({how})")
+    return "DIFFERENTIAL", (f"source changes applied as a delta: {ratio:.2%} of the sources changed, below this "
+                            f"table's threshold {threshold:.1%} ({how})")
+
+
+def change_ratio(change_bytes: int, source_bytes: list[int | None]) -> float | None:
+    """Bytes of the window's change feeds over the bytes of the sources at the post frontier; None when a
+    source's size is unknown (no checksum file)."""
+    if not source_bytes or any(b is None for b in source_bytes):
+        return None
+    total = sum(b for b in source_bytes if b is not None)
+    return change_bytes / total if total > 0 else None

@@ -1,0 +1,78 @@
+"""The apply strategy and AUTO's cost model (pipeline/strategy.py): pure decisions, no Spark."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline import strategy
+from pipeline.strategy import CostModel, Limits
+
+
+def test_choose_appends_insert_only_deltas_of_plain_rows_and_merges_the_rest() -> None:
+    limits = Limits()
+    assert strategy.choose(0, 0, True, None, limits).strategy == strategy.NONE
+    c = strategy.choose(10, 0, True, None, limits)
+    assert (c.strategy, c.engine) == (strategy.APPEND, "delta-rs")
+    c = strategy.choose(10, 0, False, None, limits)  # keyed: an insert may be an update of a stored group
+    assert (c.strategy, c.engine) == (strategy.MERGE, "delta-rs")
+    c = strategy.choose(10, 3, True, None, limits)
+    assert c.strategy == strategy.MERGE and "3 of 10" in c.reason
+
+
+def test_choose_falls_back_to_spark_and_says_why() -> None:
+    c = strategy.choose(10, 0, True, "table features delta-rs does not write: deletionVectors", Limits())
+    assert (c.strategy, c.engine) == (strategy.APPEND, "spark") and "deletionVectors" in c.reason
+    c = strategy.choose(5_000, 1, False, None, Limits(delta_rs_rows=1_000))
+    assert c.engine == "spark" and "5000 change rows" in c.reason
+    c = strategy.choose(5, 1, False, None, Limits(delta_rs=False))
+    assert c.engine == "spark" and "off" in c.reason
+
+
+def test_changes_to_stored_rows_of_a_big_table_use_deletion_vectors() -> None:
+    limits = Limits(dv_above_rows=1_000)
+    c = strategy.choose(10, 2, True, None, limits, target_rows=5_000)
+    assert (c.strategy, c.engine) == (strategy.MERGE, "spark-dv") and "5000 rows" in c.reason
+    assert strategy.choose(10, 0, False, None, limits, target_rows=5_000).engine == "spark-dv"  # keyed updates
+    assert strategy.choose(10, 0, True, None, limits, target_rows=5_000).strategy == strategy.APPEND
+    assert strategy.choose(10, 2, True, None, limits, target_rows=999).engine == "delta-rs"
+
+
+def test_collect_first_and_limits_from_conf() -> None:
+    limits = Limits.from_conf({strategy.COLLECT_BELOW: "100", strategy.DELTA_RS: "false"})
+    assert limits.collect_below_bytes == 100 and not limits.delta_rs
+    assert strategy.collect_first(100, limits) and not strategy.collect_first(101, limits)
+    assert "above" in strategy.uncollected(101, limits).reason
+
+
+def test_auto_explores_differential_first_then_decides_by_learned_cost() -> None:
+    model = CostModel().learn("FULL", None, 2.0)  # the initial population
+    action, reason = strategy.auto(0.3, model)
+    assert action == "DIFFERENTIAL" and "tried first" in reason
+    model = model.learn("DIFFERENTIAL", 0.001, 0.4)
+    assert model.floor_s == pytest.approx(0.4)
+    # slope unknown: a DIFFERENTIAL refresh of half the table is assumed to cost a FULL one
+    threshold, how = model.threshold()
+    assert threshold == pytest.approx((2.0 - 0.4) / 4.0) and "assumed" in how
+    action, reason = strategy.auto(0.5, model)
+    assert action == "FULL" and "50.0% of the sources changed, above this table's threshold 40.0%" in reason
+    assert strategy.auto(0.1, model)[0] == "DIFFERENTIAL"
+    # a DIFFERENTIAL refresh at 10% that took as long as a FULL one lowers the threshold to about 10%
+    model = model.learn("DIFFERENTIAL", 0.1, 2.0)
+    threshold, how = model.threshold()
+    assert threshold == pytest.approx(0.1) and "learned" in how and "assumed" not in how
+    assert strategy.auto(0.2, model)[0] == "FULL"
+    assert strategy.auto(None, model)[0] == "DIFFERENTIAL"
+
+
+def test_cost_model_round_trips_and_averages() -> None:
+    model = CostModel().learn("FULL", None, 2.0).learn("FULL", None, 1.0)
+    assert model.full_s == pytest.approx(0.7 * 2.0 + 0.3 * 1.0)
+    assert CostModel.from_dict(model.to_dict()) == model
+    assert CostModel.from_dict(None) == CostModel()
+    assert model.learn("NO_DATA", 0.0, 0.001) == model
+
+
+def test_change_ratio() -> None:
+    assert strategy.change_ratio(10, [50, 50]) == pytest.approx(0.1)
+    assert strategy.change_ratio(10, [50, None]) is None
+    assert strategy.change_ratio(10, []) is None
