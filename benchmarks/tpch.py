@@ -520,7 +520,9 @@ def refresh(spark: Any, st: Any, name: str, timeout: float) -> Run:
     cpu = cpu_seconds(spark) - c0
     r = m.result
     if isinstance(r, Exception):
-        first = str(r).strip().splitlines()[0][:300] if str(r).strip() else type(r).__name__
+        lines = [x.strip() for x in str(r).splitlines() if x.strip()] or [type(r).__name__]
+        # py4j's first line only names the failed call; the cancellation says more
+        first = next((x for x in lines if "cancel" in x.lower()), lines[0])[:300]
         return Run(m, cpu, "TIMEOUT" if fired.is_set() else "ERROR", None, "", first)
     return Run(m, cpu, r.action, r.apply, r.reason)
 
