@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import sqlglot
 from sqlglot import exp
@@ -80,19 +81,23 @@ def table_key(table: exp.Table) -> str:
     return ".".join(parts).lower()
 
 
-#: The stack depth sqlglot's parser starts at. Its parser recurses 8-35 frames per level of nesting
-#: (parentheses, CASE in CASE, function calls, subqueries), so whether a deeply nested query parses would
-#: otherwise depend on the caller's stack: a query accepted by create_stream_table (a shallow stack) could
-#: fail every refresh (a deeper one). Started at this depth (on a stack of its own when the caller is
-#: deeper, see :func:`_parse_statements`) it parses alike from everywhere; the default recursion limit
-#: (1000) leaves the parser 800 frames.
-PARSE_AT_DEPTH = 200
+#: The recursion limit sqlglot's parser runs under, on a thread of its own (:func:`on_own_stack`). Its parser
+#: recurses 8-35 frames per level of nesting (parentheses, CASE in CASE, function calls, subqueries), so
+#: under the caller's limit whether a deeply nested query parses would depend on the caller's stack (a
+#: query accepted by create_stream_table from a shallow stack could fail every refresh from a deeper one)
+#: and on the sqlglot release (one more frame a level tipped 40 levels of CASE over the default 1000). A
+#: fresh thread starts at the same depth from everywhere, and this limit leaves the parser several times
+#: what :data:`MAX_NESTING` levels need.
+PARSER_FRAMES = 6000
+
+#: The C stack of that thread: Python frames that re-enter the interpreter from C (constructors, dunder
+#: dispatch) take C stack too; 6000 of them fit with a wide margin (only touched pages are committed).
+PARSER_STACK_BYTES = 512 * 1024 * 1024
 
 #: Deepest nesting of parentheses, brackets and CASE a defining query may have (:func:`check_nesting`, at
-#: create). What the parser takes within its 800 frames depends on the construct (24 levels of
-#: ``NOT (...)``, 31 of function calls, 40 of CASE, 95 of derived tables); sqlglot's renderer needs up to
-#: 12 frames a level (derived tables) and a delta query wraps the user's expressions in a few levels more.
-#: Measured: at 40 levels every construct the parser takes renders its delta SQL from a 300-frame stack.
+#: create). The parser takes far more under :data:`PARSER_FRAMES`; the limit is for what comes after it:
+#: sqlglot's renderer needs up to 12 frames a level (derived tables), a delta query wraps the user's
+#: expressions in a few levels more, and Spark's own parser and analyzer recurse per level too.
 MAX_NESTING = 40
 
 FLATTEN = ("flatten it: one CASE with several WHEN branches instead of a CASE inside a CASE, x IN (...) or a "
@@ -100,42 +105,44 @@ FLATTEN = ("flatten it: one CASE with several WHEN branches instead of a CASE in
            "(chains of any length are fine), or a CTE instead of nested subqueries")
 
 _Statements = list[exp.Expression | None]
+_T = TypeVar("_T")
+_deep = threading.Lock()
 
 
-def _stack_depth() -> int:
-    depth, frame = 0, sys._getframe()
-    while frame is not None:
-        depth, frame = depth + 1, frame.f_back
-    return depth
-
-
-def _descend(frames: int, call: Callable[[], _Statements]) -> _Statements:
-    return call() if frames <= 0 else _descend(frames - 1, call)
-
-
-def _parse_statements(sql: str, dialect: str) -> _Statements:
-    """sqlglot's parse started :data:`PARSE_AT_DEPTH` frames deep: padded from a shallower caller, on a
-    thread of its own (whose stack starts empty) from a deeper one."""
-    def call() -> _Statements:
-        return sqlglot.parse(sql, read=dialect_of(dialect))
-
-    depth = _stack_depth()
-    if depth <= PARSE_AT_DEPTH:
-        return _descend(PARSE_AT_DEPTH - depth, call)
-    out: list[_Statements | BaseException] = []
+def on_own_stack(call: Callable[[], _T]) -> _T:
+    """``call()`` on a thread of its own, under a recursion limit of :data:`PARSER_FRAMES` (see there for
+    why). One at a time: the limit is process-wide, raised for the call and restored after it (a raised
+    limit only lets other threads recurse further, never less)."""
+    out: list[_T] = []
+    error: list[BaseException] = []
 
     def run() -> None:
         try:
-            out.append(_descend(PARSE_AT_DEPTH - _stack_depth(), call))
+            out.append(call())
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            out.append(e)
+            error.append(e)
 
-    worker = threading.Thread(target=run, name="trickle-parse", daemon=True)
-    worker.start()
-    worker.join()
-    if isinstance(out[0], BaseException):
-        raise out[0]
+    with _deep:
+        limit = sys.getrecursionlimit()
+        size = threading.stack_size()
+        try:
+            threading.stack_size(PARSER_STACK_BYTES)
+            worker = threading.Thread(target=run, name="trickle-parse", daemon=True)
+        finally:
+            threading.stack_size(size)
+        sys.setrecursionlimit(max(limit, PARSER_FRAMES))
+        try:
+            worker.start()
+            worker.join()
+        finally:
+            sys.setrecursionlimit(limit)
+    if error:
+        raise error[0]
     return out[0]
+
+
+def _parse_statements(sql: str, dialect: str) -> _Statements:
+    return on_own_stack(lambda: sqlglot.parse(sql, read=dialect_of(dialect)))
 
 
 def nesting(sql: str, dialect: str = "spark") -> int | None:

@@ -213,38 +213,37 @@ def test_diamond_is_consistent_under_concurrent_refreshes(spark: Any, st: Any, m
     assert len(checked) >= 3, f"too few differential commits of D checked: {checked}"
 
 
-def test_losing_a_commit_race_is_retried_without_an_error(
-    spark: Any, st: Any, make_source: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize("delta_rs", ["true", "false"], ids=["delta-rs", "spark"])
+def test_losing_a_commit_race_is_retried_without_an_error(spark: Any, st: Any, make_source: Any,
+                                                          unique_name: Any, delta_rs: str) -> None:
     """Two processes refreshing one stream table (a runtime's scheduler picking up a table another process
-    is populating): the loser's commit fails with Delta's concurrency error. The refresh is retried from the
-    frontier the winner committed, so the caller sees no error, no ERROR history record, and the data is
-    applied once. The race is injected: the other writer commits, then our commit raises as Delta's would."""
-    from connectors import delta_sink
-    from pipeline import StreamTables
+    is populating): the other process commits between our read and our commit, so our commit loses (a real
+    conflict: Delta's or delta-rs' check of the refresh's transaction version). The refresh is retried from
+    the frontier the winner committed, so the caller sees no error, no ERROR history record, and the data is
+    applied once. Both commit paths: delta-rs (small tables) and Spark."""
+    from pipeline import StreamTables, strategy
 
+    spark.conf.set(strategy.DELTA_RS, delta_rs)
+    name = unique_name("raced")
     src = make_source("raced", "id INT, region STRING, amount INT", rows=[(1, "n", 10), (2, "s", 5), (3, "n", 1)])
     query = f"SELECT region, SUM(amount) AS total, COUNT(*) AS n FROM {src} GROUP BY region"
-    st.create_stream_table("raced", query, refresh_mode="DIFFERENTIAL", initialize=False)
+    st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL", initialize=False)
     other = StreamTables(spark, root=str(st.catalog.root))
-    real = delta_sink.overwrite
-    raced: list[bool] = []
+    raced: list[str] = []
 
-    def overwrite_losing_once(session: Any, df: Any, path: str, record: dict[str, Any],
-                              read_version: int | None) -> dict[str, int]:
-        if raced:
-            return real(session, df, path, record, read_version)
-        raced.append(True)
-        assert other.refresh_stream_table("raced").action == "FULL"  # the other process wins the race
-        raise RuntimeError("An error occurred while calling o1.save.\n: io.delta.exceptions.ProtocolChangedException: "
-                           "[DELTA_PROTOCOL_CHANGED] The protocol version of the Delta table has been changed by a "
-                           "concurrent update.")
+    def other_wins_once(name: str) -> None:
+        if not raced:
+            raced.append(other.refresh_stream_table(name).action)
 
-    monkeypatch.setattr(delta_sink, "overwrite", overwrite_losing_once)
-    r = st.refresh_stream_table("raced")
-    assert raced and r.action == "NO_DATA", (r.action, r.reason)
-    assert rows(st.read("raced")) == rows(spark.sql(query))
-    assert not [h for h in st.history("raced") if h.get("status") == "ERROR"], st.history("raced")
+    hook, st.refresher.before_commit = st.refresher.before_commit, other_wins_once
+    try:
+        r = st.refresh_stream_table(name)
+    finally:
+        st.refresher.before_commit = hook
+        spark.conf.unset(strategy.DELTA_RS)
+    assert raced == ["FULL"] and r.action == "NO_DATA", (raced, r.action, r.reason)
+    assert rows(st.read(name)) == rows(spark.sql(query))
+    assert not [h for h in st.history(name) if h.get("status") == "ERROR"], st.history(name)
     spark.sql(f"INSERT INTO {src} VALUES (4, 's', 2)")
-    assert st.refresh_stream_table("raced").action == "DIFFERENTIAL"
-    assert rows(st.read("raced")) == rows(spark.sql(query))
+    assert st.refresh_stream_table(name).action == "DIFFERENTIAL"
+    assert rows(st.read(name)) == rows(spark.sql(query))
