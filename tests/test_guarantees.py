@@ -170,7 +170,8 @@ def test_vacuumed_change_history(spark: Any, st: Any, make_source: Any, unique_n
     diff_t = unique_name("diff_t")
     # enough rows that the churn is a small share of the source: AUTO then tries a delta (and finds the
     # history gone) rather than recomputing by cost without reading the window
-    src = make_source("src", "id INT, v INT", rows=[(i, i % 7) for i in range(1, 5001)])
+    src = make_source("src", "id INT, v INT")
+    spark.sql(f"INSERT INTO {src} SELECT CAST(id AS INT), CAST(id % 7 AS INT) FROM range(1, 5001)")
     query = f"SELECT v, COUNT(*) AS n FROM {src} GROUP BY v"
     st.create_stream_table(auto_t, query, refresh_mode="AUTO")
     st.create_stream_table(diff_t, query, refresh_mode="DIFFERENTIAL")
