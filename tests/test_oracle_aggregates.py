@@ -38,7 +38,7 @@ from typing import Any
 from coverage_rows import Row
 from oracle import Col, Extreme, TableSpec, check_many, run_oracle
 
-CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "12"))
+CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 
 COVERAGE_TITLE = "Aggregates: every maintained function, FILTER, GROUPING SETS / ROLLUP / CUBE"
 _A = "test_aggregate_family_differential"

@@ -37,7 +37,7 @@ from oracle import Col, TableSpec, oracle_seed, run_oracle
 
 from dvm.parser import compile_tree
 
-CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "12"))
+CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 N_QUERIES = int(os.environ.get("TRICKLE_GEN_QUERIES", "4"))
 #: CI's queries: a seed (searched among 1..20000) whose four queries use every construct of CI_NEEDLES (a FULL
 #: JOIN, NOT IN / NOT EXISTS, a nested aggregate with HAVING and COUNT(DISTINCT) under a TopK, DISTINCT, a

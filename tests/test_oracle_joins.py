@@ -24,7 +24,7 @@ from oracle import Churn, Col, TableSpec, run_oracle
 
 from dvm.rewrite import expand_quantified
 
-CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "12"))
+CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 
 COVERAGE_TITLE = "Joins: outer, natural / USING, non-equi, self, nested; semi- and anti-joins (EXISTS, IN, ALL / ANY)"
 _J = "test_join_family_differential"

@@ -33,7 +33,7 @@ from oracle import Col, TableSpec, check_many, run_oracle
 
 from pipeline import SourceError
 
-CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "12"))
+CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 
 DOCS = TableSpec(
     "docs",

@@ -31,7 +31,7 @@ from typing import Any
 from coverage_rows import Row
 from oracle import Col, Subtree, TableSpec, run_oracle
 
-CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "12"))
+CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 
 ORG = TableSpec(
     "org",
