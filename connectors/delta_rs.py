@@ -54,6 +54,23 @@ def unusable(path: str, protocol: dict[str, Any] | None) -> str | None:
     return None
 
 
+#: reader features delta-rs is trusted to read exactly as Spark does (anything else, e.g. deletion vectors
+#: or column mapping, leaves the read to Spark)
+READER_FEATURES = frozenset({"timestampNtz"})
+
+
+def unreadable(protocol: dict[str, Any] | None) -> str | None:
+    """Why a table with this ``protocol`` action is left to Spark to read (None: delta-rs reads it as Spark
+    would). Reader version 2 is column mapping; version 3 lists its features."""
+    if protocol is None:
+        return "its protocol is unknown"
+    reader = int(protocol.get("minReaderVersion", 1))
+    if reader == 1:
+        return None
+    extra = sorted(set(protocol.get("readerFeatures") or ()) - READER_FEATURES) if reader == 3 else ["columnMapping"]
+    return f"reader features {', '.join(extra)}" if extra or reader > 3 else None
+
+
 def read_small(path: str, version: int, max_bytes: int, max_rows: int) -> Any | None:
     """The table's rows at ``version`` as Arrow when its data files total at most ``max_bytes`` and hold at
     most ``max_rows`` rows (None when larger, or when delta-rs cannot read it). Rows matter as much as bytes:

@@ -104,6 +104,12 @@ class Context:
     #: (see :meth:`changes` and :meth:`table`)
     materialize_changes: bool = False
     hold_below: int = 0
+    #: the refresh executor reads a held snapshot of fewer bytes than this on the driver (delta-rs, no Spark
+    #: job and no time-travel planning; see ``pipeline.fixpoints``): holding such a snapshot saves even when
+    #: the query reads it only once, so :meth:`unshare_single_reads` keeps it held
+    driver_below: int = 0
+    #: the held snapshots under ``driver_below`` (filled by :meth:`table`)
+    driver_held: set[str] = field(default_factory=set)
     #: a literal unique to this refresh, hashed into the ``__row_id`` of every row a plain-rows (bag) stream
     #: table gains (see :mod:`dvm.plan`): ids of rows inserted by different refreshes must not repeat, while a
     #: refresh's SQL stays deterministic (Delta's MERGE may read its source twice). The refresh executor sets
@@ -138,7 +144,10 @@ class Context:
         size = ref.sizes.get(version)
         if not self.materialize_changes or size is None or size >= self.hold_below:
             return relation
-        return self.fixpoint(Fixpoint([], f"{HELD_SEED}{relation}", None))
+        name = self.fixpoint(Fixpoint([], f"{HELD_SEED}{relation}", None))
+        if size < self.driver_below:
+            self.driver_held.add(name)
+        return name
 
     def changes(self, key: str) -> str:
         """The change window of source ``key`` as a FROM item.
@@ -184,6 +193,8 @@ class Context:
             ref = re.compile(re.escape(name) + r"\b")
             read_by_loop = any(ref.search(s.seed + (s.step or "")) for _, s in specs if s.step is not None)
             if not source_read(spec) or read_by_loop or sum(c[tuple(name.split(".", 1))] for c in counts) > 1:
+                continue
+            if name in self.driver_held:
                 continue
             item = spec.seed[len(HELD_SEED):]
             sql = ref.sub(lambda _m, item=item: item, sql)

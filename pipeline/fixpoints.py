@@ -18,18 +18,30 @@ are dropped, with their checkpoints, when the refresh is done.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import reduce
 from typing import Any
 
-from dvm.context import PREV, Context, Fixpoint, quote
+from connectors import delta_rs
+from connectors.delta_log import DeltaLog
+from dvm.context import HELD_SEED, PREV, Context, Fixpoint, quote
 from pipeline.errors import RefreshError
 
 #: Spark's own bound on recursion depth; the fixpoint honours it too (-1: unbounded).
 LEVEL_LIMIT = "spark.sql.cteRecursionLevelLimit"
 #: rounds between two re-checkpoints of the accumulated result (keeps each round's plan small)
 COMPACT_EVERY = 16
+#: Spark conf: a source snapshot whose data files total fewer bytes than this (default 1 MiB, and at most
+#: :data:`READ_BY_DRIVER_ROWS` rows) is held once per refresh and read by delta-rs on the driver, handed to
+#: Spark as a local relation (0: never; see :func:`_read_by_driver`).
+READ_BY_DRIVER_BELOW = "trickle.refresh.readByDriverBelowBytes"
+READ_BY_DRIVER_ROWS = "trickle.refresh.readByDriverRows"
+#: a held snapshot's seed (:meth:`dvm.context.Context.table`)
+_SNAPSHOT = re.compile(re.escape(HELD_SEED) + r"delta\.`((?:[^`]|``)+)` VERSION AS OF (\d+)")
+
 #: Settings for every session that reads loop results. A union of local checkpoints carries constraints
 #: over attributes it does not output, and Spark 4.1.1's constraint propagation then fails with
 #: ``NoSuchElementException: key not found: id#...`` in ``UnionBase.rewriteConstraints`` (seen under a
@@ -104,6 +116,8 @@ def run(session: Any, spec: Fixpoint, held: list[Any]) -> Any:
         return session.sql(f"SELECT {keys}, SUM({w}) AS {w} FROM __trickle_round__ GROUP BY {keys} "
                            f"HAVING SUM({w}) <> 0")
 
+    if spec.step is None and (small := _read_by_driver(session, spec.seed)) is not None:
+        return small
     if spec.step is None:  # filled by the first job that reads it: no job of its own
         df = netted(spec.seed).localCheckpoint(eager=False)
         held.append(df)
@@ -129,6 +143,40 @@ def run(session: Any, spec: Fixpoint, held: list[Any]) -> Any:
         frontier, n = materialise(step)
         parts.append(frontier)
     return reduce(lambda a, b: a.unionAll(b), parts)
+
+
+def _read_by_driver(session: Any, seed: str) -> Any | None:
+    """A small source snapshot read by delta-rs as Spark's local relation, typed by the table's schema;
+    None when ``seed`` is not a snapshot, the table is larger than the limits, or delta-rs might read it
+    differently from Spark (see :func:`connectors.delta_rs.unreadable`).
+
+    Why: Spark resolves a time-travel read by reconstructing the table's snapshot at that version and
+    planning its scan, and the held relation then costs a job of its own. Measured on a 200-row source read
+    twice by one query: 0.75-1.0 s through Spark, 0.15-0.2 s read here, warm, same process."""
+    m = _SNAPSHOT.fullmatch(seed)
+    max_rows = int(session.conf.get(READ_BY_DRIVER_ROWS, "100000"))
+    max_bytes = int(session.conf.get(READ_BY_DRIVER_BELOW, str(1 << 20))) - 1
+    if m is None or max_rows <= 0 or max_bytes <= 0:
+        return None
+    path, version = m.group(1).replace("``", "`"), int(m.group(2))
+    log = DeltaLog(session, path)
+    if delta_rs.unreadable(log.protocol(version)) is not None:
+        return None
+    meta = log.metadata(version)
+    if meta is not None and '"char(' in meta.schema_json.lower():
+        return None  # Spark pads CHAR(n) values on read; the files hold them unpadded
+    table = delta_rs.read_small(path, version, max_bytes, max_rows) if meta is not None else None
+    if table is None or meta is None:
+        return None
+    from pyspark.sql.types import StructType  # pure Python
+
+    schema = StructType.fromJson(json.loads(meta.schema_json))
+    if sorted(table.column_names) != sorted(schema.fieldNames()):
+        return None
+    try:
+        return session.createDataFrame(table.select(schema.fieldNames()), schema=schema)
+    except Exception:  # noqa: BLE001 - an optimisation only: a type Arrow hands over differently goes to Spark
+        return None
 
 
 def _release(df: Any) -> None:

@@ -416,7 +416,9 @@ class Refresher:
                     sizes = {v: size for v in {before, post[key]} if (size := log.table_size(v)) is not None}
             refs[key] = SourceRef(src.path, post[key], before, insert_only=only, sizes=sizes)
         hold_below = int(self.spark.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
+        driver_below = min(hold_below, int(self.spark.conf.get(fixpoints.READ_BY_DRIVER_BELOW, str(1 << 20))))
         return Context(refs, target_path=d.path, materialize_changes=True, hold_below=hold_below,
+                       driver_below=driver_below,
                        salt=salt if salt is not None else uuid.uuid4().hex, target_relation=target_relation,
                        small_delta=small_delta)
 
