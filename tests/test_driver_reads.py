@@ -1,0 +1,67 @@
+"""Small source snapshots read by delta-rs on the driver (``pipeline.fixpoints._read_by_driver``) hold exactly
+the rows and types Spark reads, or are left to Spark: CHAR padding, deletion vectors, larger tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline import fixpoints
+
+TYPES = ("i INT, b BIGINT, s SMALLINT, t TINYINT, f FLOAT, d DOUBLE, dec DECIMAL(12,3), str STRING, vc VARCHAR(5), "
+         "bo BOOLEAN, dt DATE, ts TIMESTAMP, tsn TIMESTAMP_NTZ, bin BINARY, arr ARRAY<INT>, m MAP<STRING,INT>, "
+         "st STRUCT<x: INT, y: STRING>, p STRING")
+ROWS = ("(1, 2, 3, 4, 1.5, 2.5, 123.456, 'a', 'xyz', true, DATE'2024-02-29', TIMESTAMP'2024-03-10 02:30:00', "
+        "TIMESTAMP_NTZ'2024-03-10 02:30:00', X'0102', array(1, NULL), map('k', 1), named_struct('x', 1, 'y', 'q'), "
+        "'P1'), "
+        "(NULL, NULL, NULL, NULL, CAST('NaN' AS FLOAT), CAST('-Infinity' AS DOUBLE), NULL, NULL, NULL, NULL, NULL, "
+        "NULL, NULL, NULL, NULL, NULL, NULL, NULL), "
+        "(-1, -9223372036854775808, -32768, -128, -0.0, 1e300, -999999999.999, 'ü€', '', false, DATE'0001-01-01', "
+        "TIMESTAMP'1900-01-01 00:00:00', TIMESTAMP_NTZ'9999-12-31 23:59:59.999999', X'', array(), map(), "
+        "named_struct('x', NULL, 'y', NULL), 'P2')")
+
+
+def _path(spark: Any, table: str) -> str:
+    return str(spark.sql(f"DESCRIBE DETAIL {table}").collect()[0]["location"])
+
+
+def _seed(path: str, version: int) -> str:
+    return f"SELECT * FROM delta.`{path}` VERSION AS OF {version}"
+
+
+def test_driver_read_has_spark_rows_and_types(spark: Any, unique_name: Any) -> None:
+    name = unique_name("types")
+    spark.sql(f"CREATE TABLE {name} ({TYPES}) USING delta PARTITIONED BY (p)")
+    spark.sql(f"INSERT INTO {name} VALUES {ROWS}")
+    spark.sql(f"DELETE FROM {name} WHERE i = 1")
+    seed = _seed(_path(spark, name), 1)
+    held, spark_read = fixpoints._read_by_driver(spark, seed), spark.sql(seed)
+    assert held is not None, "a small plain table is read on the driver"
+    assert held.schema == spark_read.schema
+    assert sorted(map(str, held.collect())) == sorted(map(str, spark_read.collect()))
+    after_delete = fixpoints._read_by_driver(spark, _seed(_path(spark, name), 2))
+    assert after_delete is not None and after_delete.count() == 2
+
+
+def test_what_delta_rs_might_read_differently_is_left_to_spark(spark: Any, unique_name: Any) -> None:
+    padded = unique_name("padded")
+    spark.sql(f"CREATE TABLE {padded} (c CHAR(3)) USING delta")
+    spark.sql(f"INSERT INTO {padded} VALUES ('ab')")
+    assert spark.sql(_seed(_path(spark, padded), 1)).collect()[0]["c"] == "ab "  # Spark pads on read
+    assert fixpoints._read_by_driver(spark, _seed(_path(spark, padded), 1)) is None
+
+    dv = unique_name("dv")
+    spark.sql(f"CREATE TABLE {dv} (i INT) USING delta TBLPROPERTIES (delta.enableDeletionVectors = true)")
+    spark.sql(f"INSERT INTO {dv} VALUES (1), (2), (3)")
+    spark.sql(f"DELETE FROM {dv} WHERE i = 2")
+    assert fixpoints._read_by_driver(spark, _seed(_path(spark, dv), 2)) is None
+
+    big = unique_name("big")
+    spark.sql(f"CREATE TABLE {big} (i BIGINT) USING delta")
+    spark.sql(f"INSERT INTO {big} SELECT id FROM range(1000)")
+    spark.conf.set(fixpoints.READ_BY_DRIVER_ROWS, "999")
+    try:
+        assert fixpoints._read_by_driver(spark, _seed(_path(spark, big), 1)) is None
+    finally:
+        spark.conf.unset(fixpoints.READ_BY_DRIVER_ROWS)
+    assert fixpoints._read_by_driver(spark, _seed(_path(spark, big), 1)) is not None
+    assert fixpoints._read_by_driver(spark, f"SELECT * FROM table_changes_by_path('{_path(spark, big)}', 1, 1)") is None
