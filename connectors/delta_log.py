@@ -288,9 +288,11 @@ class DeltaLog:
             actions = self.actions(v)
             if not actions:
                 insert_only = False
-            cdc = [a["cdc"] for a in actions if "cdc" in a]
-            files = cdc or [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
-            change_bytes += sum(int((f or {}).get("size") or 0) for f in files if (f or {}).get("dataChange", True))
+            # cdc files are always marked dataChange=false (the protocol's rule: they are not table data)
+            cdc = [a["cdc"] or {} for a in actions if "cdc" in a]
+            files = [f for a in actions for f in [a.get("add") or a.get("remove")]
+                     if f and f.get("dataChange", True)] if not cdc else cdc
+            change_bytes += sum(int(f.get("size") or 0) for f in files)
             for a in actions:
                 if "metaData" in a:
                     insert_only = False

@@ -76,3 +76,4 @@ def test_change_ratio() -> None:
     assert strategy.change_ratio(10, [50, 50]) == pytest.approx(0.1)
     assert strategy.change_ratio(10, [50, None]) is None
     assert strategy.change_ratio(10, []) is None
+

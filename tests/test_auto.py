@@ -1,0 +1,42 @@
+"""AUTO's inputs read from real Delta logs: the change ratio of a window (pipeline/strategy.py decides from
+it; its pure decisions are tested in test_strategy.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def test_window_counts_change_data_files(spark: Any, unique_name: Any) -> None:
+    """The change ratio AUTO decides by counts a MERGE's cdc files (marked dataChange=false by the protocol:
+    they were once skipped, so every window looked empty and AUTO never chose FULL), and an append's data
+    files."""
+    from connectors.delta_log import DeltaLog
+
+    name = unique_name("ratio")
+    spark.sql(f"CREATE TABLE {name} (id BIGINT, v INT) USING delta TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    spark.sql(f"INSERT INTO {name} SELECT id, 0 FROM range(500)")
+    spark.sql(f"INSERT INTO {name} SELECT id, 0 FROM range(500, 1000)")
+    spark.sql(f"UPDATE {name} SET v = 1 WHERE id % 2 = 0")
+    spark.sql(f"INSERT INTO {name} SELECT id, 2 FROM range(1000, 1010)")
+    log = DeltaLog(spark, str(spark.sql(f"DESCRIBE DETAIL {name}").collect()[0]["location"]))
+    ops = {v: log.commit_info(v).get("operation") for v in log.versions()}
+    at = {op: v for v, op in sorted(ops.items())}
+    update, append = (log.window(at[op] - 1, at[op]).change_bytes for op in ("UPDATE", "WRITE"))
+    assert update > 0 and append > 0, (update, append)
+    assert update > append
+
+
+def test_auto_recomputes_when_most_of_the_source_changed(spark: Any, st: Any, make_source: Any,
+                                                          unique_name: Any) -> None:
+    """Half the source rewritten in one MERGE: AUTO recomputes, says why with the ratio, and equals the query."""
+    src = make_source("half", "id BIGINT, g INT, v INT")
+    spark.sql(f"INSERT INTO {src} SELECT id, CAST(id % 10 AS INT), 0 FROM range(20000)")
+    name = unique_name("half_auto")
+    query = f"SELECT g, SUM(v) AS s, COUNT(*) AS n FROM {src} GROUP BY g"
+    st.create_stream_table(name, query, refresh_mode="AUTO")
+    spark.sql(f"UPDATE {src} SET v = v + 1 WHERE id % 2 = 0")
+    r = st.refresh_stream_table(name)
+    assert r.action == "FULL" and "of the sources changed" in r.reason, r
+    assert r.change_ratio is not None and r.change_ratio > 0.3, r
+    got = sorted(tuple(x) for x in st.read(name).collect())
+    assert got == sorted(tuple(x) for x in spark.sql(query).collect())
