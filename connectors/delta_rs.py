@@ -94,6 +94,22 @@ def read_small(path: str, version: int, max_bytes: int, max_rows: int) -> Any | 
         return None
 
 
+def rows_with(path: str, version: int, columns: list[str], key: str, values: Any) -> Any | None:
+    """``columns`` of the table's rows at ``version`` whose ``key`` is in ``values`` (an Arrow array), read
+    without Spark; None when the table is not local or delta-rs cannot read it (the caller asks Spark). The
+    caller has checked the protocol (:func:`unreadable`)."""
+    if _local(path) is None:
+        return None
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    try:
+        return DeltaTable(path, version=version).to_pyarrow_table(columns=columns,
+                                                                   filters=pc.field(key).isin(values))
+    except Exception:  # noqa: BLE001 - Spark reads the table instead
+        return None
+
+
 def table_rows(path: str, version: int) -> int | None:
     """Rows of the table at ``version`` from its files' statistics (None when unknown)."""
     if _local(path) is None:

@@ -349,6 +349,21 @@ class Plan:
         sql = self._merge_source_sql(ctx, types)
         return None if sql is None else with_shared(sql, self.root, ctx)
 
+    def netted_delta_sql(self, ctx: Context, types: list[str]) -> str | None:
+        """A plain-rows table's delta netted per distinct tuple (the user columns, ``__row_hash`` and
+        ``__dw``, see :func:`bag_delta_sql`), without picking the stored copies to delete: for an executor
+        that picks them itself from the stored ``(__row_id, __row_hash)`` of just the negative tuples (see
+        :mod:`pipeline.plain_rows`) instead of joining the whole table in Spark. None when provably nothing
+        changed. Only for plans that :meth:`nets_on_driver`."""
+        assert self.nets_on_driver()
+        d = self._bag_delta(ctx, types)
+        return None if d is None else with_shared(d, self.root, ctx)
+
+    def nets_on_driver(self) -> bool:
+        """Whether :meth:`netted_delta_sql` applies: plain rows whose delta reads no stored row (keyed, TopK
+        and a stored recursive CTE read them anyway, so :meth:`merge_source_sql` picks the copies there)."""
+        return self.keyed is None and self.topk is None and self.stored_recursive() is None
+
     def _merge_source_sql(self, ctx: Context, types: list[str]) -> str | None:
         if self.keyed is None:
             d = self._topk_delta(ctx, types) if self.topk is not None else self._bag_delta(ctx, types)

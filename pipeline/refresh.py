@@ -44,7 +44,7 @@ from connectors import delta_rs, delta_sink
 from connectors.delta_log import DeltaLog, Window
 from dvm.context import Context, SourceRef, quote
 from dvm.plan import plain_rows_sql
-from pipeline import fixpoints, strategy
+from pipeline import fixpoints, plain_rows, strategy
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 
@@ -428,12 +428,36 @@ class Refresher:
         """Apply the delta of (pre, post]; None when it changes nothing (nothing committed)."""
         plan = self.plan(d, windows)
         assert plan is not None
+        small = strategy.collect_first(sum(w.change_bytes for w in windows.values()),
+                                       strategy.Limits.from_conf(self.spark.conf))
+        if small and read_version is not None and plan.nets_on_driver():
+            ctx = self.context(d, pre, post, windows, salt=record["refresh_id"], small_delta=small)
+            return self._apply_netted(d, plan, ctx, record, read_version)
         with self._held_target(d, read_version, record["refresh_id"]) as target_relation:
-            small = strategy.collect_first(sum(w.change_bytes for w in windows.values()),
-                                           strategy.Limits.from_conf(self.spark.conf))
             ctx = self.context(d, pre, post, windows, salt=record["refresh_id"], target_relation=target_relation,
                                small_delta=small)
             return self._apply_delta(d, plan, ctx, windows, record, read_version)
+
+    def _apply_netted(self, d: StreamTableDef, plan: dvm.Plan, ctx: Context, record: dict[str, Any],
+                      read_version: int) -> dict[str, int] | None:
+        """A plain-rows table's small delta: one Spark job collects it netted per tuple, and the stored copies
+        it deletes are picked on the driver from the rows carrying its negative hashes (see
+        :mod:`pipeline.plain_rows`), so the refresh never scans nor holds the whole table."""
+        src = plan.netted_delta_sql(ctx, d.types)
+        src = ctx.unshare_single_reads(src) if src is not None else None
+        if ctx.notes:
+            record["notes"] = list(ctx.notes)
+        if src is None:
+            return None
+        with fixpoints.evaluated(self.spark, ctx):
+            delta = delta_sink.collect(self.spark, src, record, read_version, interpreted=self.small(d, ctx),
+                                       conf=fixpoints.read_conf(ctx))
+        protocol = DeltaLog(self.spark, d.path).protocol(read_version)
+        hashes = plain_rows.negative_hashes(delta)
+        stored = (plain_rows.stored_with_hashes(self.spark, d.path, read_version, hashes, protocol)
+                  if len(hashes) else None)
+        rows = plain_rows.changes(delta, stored, plan.stored_columns(), ctx.salt)
+        return self._commit_collected(d, plan, rows, protocol, record, read_version)
 
     @contextmanager
     def _held_target(self, d: StreamTableDef, read_version: int | None, refresh_id: str) -> Iterator[str | None]:
@@ -474,7 +498,6 @@ class Refresher:
         statement = lambda rows: plan.merge_statement(target, rows)  # noqa: E731
         limits = strategy.Limits.from_conf(self.spark.conf)
         change_bytes = sum(w.change_bytes for w in windows.values())
-        contract = _change_rows(plan)
         with fixpoints.evaluated(self.spark, ctx):
             if not strategy.collect_first(change_bytes, limits):
                 choice = strategy.uncollected(change_bytes, limits)
@@ -484,10 +507,16 @@ class Refresher:
                                         interpreted=self.small(d, ctx), conf=fixpoints.read_conf(ctx))
             rows = delta_sink.collect(self.spark, src, record, read_version, interpreted=self.small(d, ctx),
                                       conf=fixpoints.read_conf(ctx))
-        stored, update, appendable = contract
+        protocol = DeltaLog(self.spark, d.path).protocol(read_version) if read_version is not None else None
+        return self._commit_collected(d, plan, rows, protocol, record, read_version)
+
+    def _commit_collected(self, d: StreamTableDef, plan: dvm.Plan, rows: Any, protocol: dict[str, Any] | None,
+                          record: dict[str, Any], read_version: int | None) -> dict[str, int] | None:
+        """Commit collected change rows with the strategy chosen for them (see :mod:`pipeline.strategy`)."""
+        limits = strategy.Limits.from_conf(self.spark.conf)
+        stored, update, appendable = _change_rows(plan)
+        statement = lambda src: plan.merge_statement(f"delta.{quote(d.path)}", src)  # noqa: E731
         deletes = int(pc.sum(rows.column("__del")).as_py() or 0) if rows.num_rows else 0
-        log = DeltaLog(self.spark, d.path)
-        protocol = log.protocol(read_version) if read_version is not None else None
         target_rows = delta_rs.table_rows(d.path, read_version) if read_version is not None else None
         choice = strategy.choose(rows.num_rows, deletes, appendable, delta_rs.unusable(d.path, protocol), limits,
                                  target_rows)
