@@ -44,7 +44,6 @@ import json
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -59,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from metrics import Measured, cpu_seconds  # noqa: E402
-from run import SHAPES, change_cycle, commits, create_sources, log, timed  # noqa: E402
+from run import SHAPES, change_cycle, commits, create_sources, log, start, timed  # noqa: E402
 
 #: the issue's floor shapes first, then the bag shapes it measures beside them
 FLOOR_SHAPES = ["filter", "aggregate", "join_agg", "scan", "join"]
@@ -230,13 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         if shape not in SHAPES:
             p.error(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
 
-    from pipeline import StreamTables, spark_session
+    from pipeline import StreamTables
 
-    wh = tempfile.mkdtemp(prefix="trickle-floor-")
-    spark = spark_session(app_name="trickle-floor", warehouse=wh, conf=dict(c.split("=", 1) for c in args.conf))
-    out_dir = Path(__file__).resolve().parent / "out"
-    out_dir.mkdir(exist_ok=True)
-    path = out_dir / f"floor-{int(time.time())}.json"
+    spark, wh, path = start("floor", "floor", args.conf)
     try:
         gen = create_sources(spark, args.rows)
         log(f"[floor] {args.rows:,} fact rows generated in {gen:.1f} s")

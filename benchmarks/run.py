@@ -230,6 +230,18 @@ def gen_only(spark: Any, sizes: list[int], rates: list[float]) -> None:
                   + " | ".join(f"{c * f:.0f}" for c in changes) + " |")
 
 
+
+def start(kind: str, prefix: str, conf: list[str]) -> tuple[Any, str, Path]:
+    """A benchmark's Spark session over a fresh temporary warehouse (``--conf KEY=VALUE`` settings applied),
+    the warehouse, and the JSON file its results go to (benchmarks/out/<prefix>-<time>.json)."""
+    from pipeline import spark_session
+
+    wh = tempfile.mkdtemp(prefix=f"trickle-{kind}-")
+    spark = spark_session(app_name=f"trickle-{kind}", warehouse=wh, conf=dict(c.split("=", 1) for c in conf))
+    out = Path(__file__).resolve().parent / "out"
+    out.mkdir(exist_ok=True)
+    return spark, wh, out / f"{prefix}-{int(time.time())}.json"
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="same as --preset quick --cycles 3")
@@ -251,13 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         if shape not in SHAPES:
             p.error(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
 
-    from pipeline import StreamTables, spark_session
+    from pipeline import StreamTables
 
-    wh = tempfile.mkdtemp(prefix="trickle-bench-")
-    spark = spark_session(app_name="trickle-bench", warehouse=wh, conf=dict(c.split("=", 1) for c in args.conf))
-    out = Path(__file__).resolve().parent / "out"
-    out.mkdir(exist_ok=True)
-    path = out / f"results-{int(time.time())}.json"
+    spark, wh, path = start("bench", "results", args.conf)
     results: list[dict[str, Any]] = []
     try:
         if args.gen_only:

@@ -22,7 +22,7 @@ Pure decisions over numbers, testable without Spark; :mod:`pipeline.refresh` run
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 #: Spark conf: collect the delta to the driver when the change feeds of the window total fewer bytes.
@@ -122,6 +122,9 @@ FLOOR_RATIO = 0.02
 #: until a DIFFERENTIAL refresh has been measured, AUTO tries one below this change ratio (bytes ratios of
 #: tiny tables are mostly per-file overhead, and without a measured floor the threshold is only a guess)
 EXPLORE_BELOW = 0.5
+#: a first (cold) DIFFERENTIAL refresh slower than this many FULL refreshes is not tried again: the
+#: table's delta is plainly dearer than its query
+RETRY_BELOW_FULLS = 3.0
 
 
 @dataclass(frozen=True)
@@ -129,26 +132,44 @@ class CostModel:
     """What this stream table's refreshes have cost, learned per table like pg_trickle's adaptive threshold:
     a FULL refresh costs about ``full_s`` whatever changed; a DIFFERENTIAL one ``floor_s`` plus ``slope_s``
     per unit of change ratio (bytes of the sources' change feeds over the bytes of the sources). Running
-    averages, so a table that grows or a machine that gets busier moves them along."""
+    averages, so a table that grows or a machine that gets busier moves them along.
+
+    The first refresh of each kind is a cold start (the initial population writes a new table through
+    Spark; the first delta compiles its code), measured at up to several times a warm one, so the second
+    observation of a kind replaces the first instead of being averaged with it; ``full_n`` and ``diff_n``
+    count the observations."""
 
     full_s: float | None = None
     floor_s: float | None = None
     slope_s: float | None = None
+    full_n: int = 0
+    diff_n: int = 0
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any] | None) -> CostModel:
         doc = doc or {}
-        return cls(doc.get("full_s"), doc.get("floor_s"), doc.get("slope_s"))
+        # a model saved before the counts existed: each estimate it holds is one (cold) observation
+        return cls(doc.get("full_s"), doc.get("floor_s"), doc.get("slope_s"),
+                   int(doc.get("full_n", doc.get("full_s") is not None)),
+                   int(doc.get("diff_n", doc.get("floor_s") is not None)))
 
-    def to_dict(self) -> dict[str, float | None]:
-        return {"full_s": self.full_s, "floor_s": self.floor_s, "slope_s": self.slope_s}
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {"full_s": self.full_s, "floor_s": self.floor_s, "slope_s": self.slope_s,
+                "full_n": self.full_n, "diff_n": self.diff_n}
+
+    def slope(self) -> float | None:
+        """Seconds per unit of change ratio; without an observed one, a DIFFERENTIAL refresh of half the table
+        is assumed to cost a FULL one."""
+        if self.slope_s:
+            return self.slope_s
+        return self.full_s / 0.5 if self.full_s is not None else None
 
     def threshold(self) -> tuple[float, str]:
         """The change ratio above which FULL is cheaper, and how it was found."""
         if self.full_s is None or self.floor_s is None:
             return DEFAULT_THRESHOLD, "the default (no cost history yet)"
-        # without an observed slope, assume a DIFFERENTIAL refresh of half the table costs a FULL one
-        slope = self.slope_s if self.slope_s else self.full_s / 0.5
+        slope = self.slope()
+        assert slope is not None
         breakeven = max(0.0, (self.full_s - self.floor_s) / slope) if slope > 0 else 1.0
         how = (f"learned: FULL ~{self.full_s:.2f} s, DIFFERENTIAL ~{self.floor_s:.2f} s + {slope:.2f} s x ratio"
                + ("" if self.slope_s else " (slope assumed)"))
@@ -156,26 +177,44 @@ class CostModel:
 
     def learn(self, action: str, ratio: float | None, seconds: float) -> CostModel:
         """The model after a refresh of ``action`` over change ratio ``ratio`` took ``seconds``."""
-        def avg(old: float | None, new: float) -> float:
-            return new if old is None else (1 - ALPHA) * old + ALPHA * new
+        def avg(old: float | None, n: int, new: float) -> float:
+            return new if old is None or n <= 1 else (1 - ALPHA) * old + ALPHA * new
 
         if action in ("FULL", "REINITIALIZE"):
-            return CostModel(avg(self.full_s, seconds), self.floor_s, self.slope_s)
+            return replace(self, full_s=avg(self.full_s, self.full_n, seconds), full_n=self.full_n + 1)
         if action != "DIFFERENTIAL" or ratio is None:
             return self
-        if ratio <= FLOOR_RATIO or self.floor_s is None:
-            return CostModel(self.full_s, avg(self.floor_s, seconds), self.slope_s)
-        return CostModel(self.full_s, self.floor_s, avg(self.slope_s, max(0.0, seconds - self.floor_s) / ratio))
+        n = self.diff_n + 1
+        if self.floor_s is None or self.diff_n <= 1 or ratio <= FLOOR_RATIO:
+            # the floor (the first two observations set it, whatever their ratio: the first is a cold start)
+            return replace(self, floor_s=avg(self.floor_s, self.diff_n, seconds), diff_n=n)
+        per_ratio = max(0.0, seconds - self.floor_s) / ratio
+        slope = per_ratio if self.slope_s is None else (1 - ALPHA) * self.slope_s + ALPHA * per_ratio
+        return replace(self, slope_s=slope, diff_n=n)
 
 
 def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
-    """AUTO's choice for a window whose change ratio is ``ratio`` (None: unknown), with the reason."""
-    threshold, how = model.threshold()
+    """AUTO's choice for a window whose change ratio is ``ratio`` (None: unknown), with the reason.
+
+    Before deciding by the learned costs it measures what it does not know yet, once each: a DIFFERENTIAL
+    refresh (two, when the first, cold one was not plainly dearer than FULL) and a warm FULL refresh (the
+    initial population is a cold one), the latter only for a window above the floor's change ratio, where a
+    FULL can pay off."""
     if ratio is None:
         return "DIFFERENTIAL", "source changes applied as a delta (change ratio unknown)"
-    if model.floor_s is None and ratio <= EXPLORE_BELOW:
+    if model.diff_n == 0 and ratio <= EXPLORE_BELOW:
         return "DIFFERENTIAL", (f"source changes applied as a delta: {ratio:.1%} of the sources changed; no "
                                 "DIFFERENTIAL refresh of this table measured yet, so one is tried first")
+    full_s = model.full_s
+    if (model.diff_n == 1 and ratio <= EXPLORE_BELOW and model.floor_s is not None
+            and (full_s is None or model.floor_s < RETRY_BELOW_FULLS * full_s)):
+        return "DIFFERENTIAL", (f"source changes applied as a delta: {ratio:.1%} of the sources changed; this "
+                                "table's only DIFFERENTIAL refresh so far was its first (a cold start), so a "
+                                "second one is measured")
+    if model.full_n <= 1 and model.diff_n >= 1 and ratio > FLOOR_RATIO:
+        return "FULL", (f"FULL: {ratio:.1%} of the sources changed, and this table's only FULL refresh so far was "
+                        "its initial population (a cold start): one is measured to learn what FULL costs")
+    threshold, how = model.threshold()
     if ratio > threshold:
         return "FULL", (f"FULL: {ratio:.1%} of the sources changed, above this table's threshold "
                         f"{threshold:.1%} ({how})")

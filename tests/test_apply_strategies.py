@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from oracle import Churn, Col, TableSpec, run_oracle
 
-CYCLES = int(os.environ.get("TRICKLE_STRATEGY_CYCLES", "4"))
+CYCLES = int(os.environ.get("TRICKLE_STRATEGY_CYCLES", "3"))
 
 FACT = TableSpec("fact", (Col("dim", "jkey", domain=(1, 6)), Col("amount", "int", domain=(0, 9))),
                  key=None, rows=40, dup_fraction=0.3, max_changes=6)

@@ -45,31 +45,50 @@ def test_collect_first_and_limits_from_conf() -> None:
 
 
 def test_auto_explores_differential_first_then_decides_by_learned_cost() -> None:
-    model = CostModel().learn("FULL", None, 2.0)  # the initial population
+    model = CostModel().learn("FULL", None, 2.0)  # the initial population: a cold start
     action, reason = strategy.auto(0.3, model)
     assert action == "DIFFERENTIAL" and "tried first" in reason
+    model = model.learn("DIFFERENTIAL", 0.001, 1.2)  # the first delta: cold too
+    action, reason = strategy.auto(0.001, model)
+    assert action == "DIFFERENTIAL" and "second one is measured" in reason
     model = model.learn("DIFFERENTIAL", 0.001, 0.4)
-    assert model.floor_s == pytest.approx(0.4)
+    assert model.floor_s == pytest.approx(0.4) and model.diff_n == 2  # the cold one replaced, not averaged
+    assert strategy.auto(0.001, model)[0] == "DIFFERENTIAL"  # a FULL cannot pay off at the floor's ratio
+    action, reason = strategy.auto(0.1, model)
+    assert action == "FULL" and "initial population (a cold start)" in reason
+    model = model.learn("FULL", None, 1.0)
+    assert model.full_s == pytest.approx(1.0) and model.full_n == 2
     # slope unknown: a DIFFERENTIAL refresh of half the table is assumed to cost a FULL one
     threshold, how = model.threshold()
-    assert threshold == pytest.approx((2.0 - 0.4) / 4.0) and "assumed" in how
+    assert threshold == pytest.approx((1.0 - 0.4) / 2.0) and "assumed" in how
     action, reason = strategy.auto(0.5, model)
-    assert action == "FULL" and "50.0% of the sources changed, above this table's threshold 40.0%" in reason
+    assert action == "FULL" and "50.0% of the sources changed, above this table's threshold 30.0%" in reason
     assert strategy.auto(0.1, model)[0] == "DIFFERENTIAL"
     # a DIFFERENTIAL refresh at 10% that took as long as a FULL one lowers the threshold to about 10%
-    model = model.learn("DIFFERENTIAL", 0.1, 2.0)
+    model = model.learn("DIFFERENTIAL", 0.1, 1.0)
     threshold, how = model.threshold()
     assert threshold == pytest.approx(0.1) and "learned" in how and "assumed" not in how
     assert strategy.auto(0.2, model)[0] == "FULL"
     assert strategy.auto(None, model)[0] == "DIFFERENTIAL"
 
 
+def test_auto_does_not_retry_a_delta_plainly_dearer_than_the_query() -> None:
+    model = CostModel().learn("FULL", None, 1.0).learn("DIFFERENTIAL", 0.01, 5.0)
+    action, reason = strategy.auto(0.01, model)
+    assert action == "FULL" and "threshold 0.0%" in reason
+
+
 def test_cost_model_round_trips_and_averages() -> None:
     model = CostModel().learn("FULL", None, 2.0).learn("FULL", None, 1.0)
-    assert model.full_s == pytest.approx(0.7 * 2.0 + 0.3 * 1.0)
+    assert model.full_s == pytest.approx(1.0)  # the second observation replaces the cold first one
+    model = model.learn("FULL", None, 3.0)
+    assert model.full_s == pytest.approx(0.7 * 1.0 + 0.3 * 3.0) and model.full_n == 3
     assert CostModel.from_dict(model.to_dict()) == model
     assert CostModel.from_dict(None) == CostModel()
     assert model.learn("NO_DATA", 0.0, 0.001) == model
+    # a model saved before the counts existed: each estimate is one observation
+    old = CostModel.from_dict({"full_s": 2.0, "floor_s": 0.5, "slope_s": None})
+    assert (old.full_n, old.diff_n) == (1, 1)
 
 
 def test_change_ratio() -> None:
