@@ -11,11 +11,13 @@ Every shape gets three stream tables over the same sources: refresh_mode DIFFERE
 cycle changes the fact table with ONE Delta MERGE (70% updates incl. join-key updates, 15% deletes, 15%
 inserts), then refreshes the three stream tables of every shape, timing each, and runs the user's own full
 recompute (CTAS: CREATE OR REPLACE TABLE ... AS SELECT on Delta). The first cycle of each rate warms up and
-is not measured; medians of the others are reported. DIFFERENTIAL and AUTO take turns going first (odd
-measured cycles DIFFERENTIAL, even ones AUTO; FULL and CTAS follow): the second of two refreshes of the same
-query over the same change window was measured 30-50% cheaper than the first at 10K-100K rows (it finds
-the first one's generated code compiled, in Spark's code generation cache), so a fixed order would flatter
-whichever goes second. The JSON keeps which went first per cycle (``first``).
+is not measured; medians of the others are reported. The second of two refreshes of the same query over
+the same change window was measured 30-50% cheaper than the first at 10K-100K rows (it finds the first
+one's generated code compiled, in Spark's code generation cache), so a fixed order would flatter whichever
+goes second: AUTO refreshes between DIFFERENTIAL and FULL, which swap places every cycle (odd measured
+cycles DIFFERENTIAL, AUTO, FULL; even ones FULL, AUTO, DIFFERENTIAL), so over an even number of cycles
+AUTO goes before and after the mode it chose equally often; CTAS follows. The JSON keeps which went first
+per cycle (``first``).
 
 Per refresh: wall time and CPU-seconds (this Python process + the Spark driver JVM, which in local mode
 runs the executors too: what a shared cluster pays; see metrics.cpu_seconds), and for DIFFERENTIAL where
@@ -249,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="100000,1000000")
     p.add_argument("--rates", default=",".join(map(str, ALL_RATES)))
     p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--cycles", type=int, default=3, help="measured cycles per cell (after one warm-up cycle)")
+    p.add_argument("--cycles", type=int, default=2,
+                   help="measured cycles per cell, after one warm-up cycle (even: see the order of refreshes)")
     p.add_argument("--no-check", action="store_true", help="skip the DIFFERENTIAL == AUTO == FULL check")
     p.add_argument("--gen-only", action="store_true",
                    help="only time data generation and one change per rate, extrapolated to 10M / 100M rows")
@@ -258,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", default="", help="label stored with the results (e.g. the settings tried)")
     args = p.parse_args(argv)
     if args.quick:
-        args.preset, args.cycles = args.preset or "quick", 3
+        args.preset, args.cycles = args.preset or "quick", 2
     for shape in (s for _, _, shapes in groups(args) for s in shapes):
         if shape not in SHAPES:
             p.error(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
@@ -298,10 +301,12 @@ def main(argv: list[str] | None = None) -> int:
                         next_id = change_cycle(spark, rows, rate, cycle, next_id)
                         changes.append(time.perf_counter() - t)
                         for shape in shapes:
-                            # DIFFERENTIAL and AUTO take turns going first: the second refresh of the same query
-                            # over the same window reuses the first one's compiled code (see the docstring)
-                            order = ["diff", "auto"] if i % 2 else ["auto", "diff"]
-                            got = {k: refresh(st, names[(shape, k)]) for k in [*order, "full"]}
+                            # AUTO between the two others, which swap places: whichever mode AUTO runs, it
+                            # goes before that mode's own table in one cycle and after it in the next (the
+                            # second refresh of the same query over the same window reuses the first one's
+                            # compiled code, see the docstring)
+                            order = ["diff", "auto", "full"] if i % 2 else ["full", "auto", "diff"]
+                            got = {k: refresh(st, names[(shape, k)]) for k in order}
                             ctas = f"CREATE OR REPLACE TABLE bench_ctas_{shape} USING delta AS {SHAPES[shape]}"
                             c, c_cpu = timed(spark, partial(spark.sql, ctas))
                             (d, d_cpu, made), (a, a_cpu, _), (f, f_cpu, _) = got["diff"], got["auto"], got["full"]
