@@ -443,10 +443,7 @@ class Refresher:
         """A plain-rows table's small delta: one Spark job collects it netted per tuple, and the stored copies
         it deletes are picked on the driver from the rows carrying its negative hashes (see
         :mod:`pipeline.plain_rows`), so the refresh never scans nor holds the whole table."""
-        src = plan.netted_delta_sql(ctx, d.types)
-        src = ctx.unshare_single_reads(src) if src is not None else None
-        if ctx.notes:
-            record["notes"] = list(ctx.notes)
+        src = _rendered(ctx, plan.netted_delta_sql(ctx, d.types), record)
         if src is None:
             return None
         with fixpoints.evaluated(self.spark, ctx):
@@ -488,10 +485,7 @@ class Refresher:
 
     def _apply_delta(self, d: StreamTableDef, plan: dvm.Plan, ctx: Context, windows: dict[str, Window],
                      record: dict[str, Any], read_version: int | None) -> dict[str, int] | None:
-        src = plan.merge_source_sql(ctx, d.types)
-        src = ctx.unshare_single_reads(src) if src is not None else None
-        if ctx.notes:
-            record["notes"] = list(ctx.notes)
+        src = _rendered(ctx, plan.merge_source_sql(ctx, d.types), record)
         if src is None:
             return None
         target = f"delta.{quote(d.path)}"
@@ -732,6 +726,15 @@ class _Inconsistent(Exception):
     def __init__(self, message: str, path: str, version: int) -> None:
         super().__init__(message)
         self.path, self.version = path, version
+
+
+def _rendered(ctx: Context, sql: str | None, record: dict[str, Any]) -> str | None:
+    """A delta query as it runs: snapshots read once are inlined again (see :meth:`Context.unshare_single_reads`),
+    and the notes its rules left go into the refresh record. None when provably nothing changed."""
+    sql = ctx.unshare_single_reads(sql) if sql is not None else None
+    if ctx.notes:
+        record["notes"] = list(ctx.notes)
+    return sql
 
 
 def _change_rows(plan: dvm.Plan) -> tuple[list[str], bool, bool]:
