@@ -1,0 +1,63 @@
+"""The driver's pick of a plain-rows table's change rows (pipeline/plain_rows.py), without Spark: the rule
+of dvm/plan.py checked on Arrow tables by an independent count."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow as pa
+
+from pipeline import plain_rows
+
+COLUMNS = ["__row_id", "k", "v", "__row_hash"]
+
+
+def _delta(rows: list[tuple[int | None, str | None, int, int]]) -> pa.Table:
+    """(k, v, __row_hash, __dw) tuples."""
+    k, v, h, w = zip(*rows, strict=True) if rows else ([], [], [], [])
+    return pa.table({"k": pa.array(k, pa.int32()), "v": pa.array(v, pa.string()),
+                     "__row_hash": pa.array(h, pa.int64()), "__dw": pa.array(w, pa.int64())})
+
+
+def _stored(rows: list[tuple[int, int]]) -> pa.Table:
+    """(__row_id, __row_hash) pairs."""
+    ids, hashes = zip(*rows, strict=True) if rows else ([], [])
+    return pa.table({"__row_id": pa.array(ids, pa.int64()), "__row_hash": pa.array(hashes, pa.int64())})
+
+
+def test_copies_inserted_and_deleted_per_net_weight() -> None:
+    delta = _delta([(1, "a", 10, 3), (2, None, 20, -2), (None, "c", 30, -5), (4, "d", 40, 1)])
+    stored = _stored([(100, 20), (101, 20), (102, 20), (103, 30), (104, 30), (105, 99)])
+    out = plain_rows.changes(delta, stored, COLUMNS, salt="s1")
+    assert out.column_names == [*COLUMNS, "__del"]
+    ins = out.filter(pa.compute.invert(out["__del"]))
+    dels = out.filter(out["__del"])
+    assert Counter(zip(ins["k"].to_pylist(), ins["v"].to_pylist(), ins["__row_hash"].to_pylist(), strict=True)) \
+        == Counter({(1, "a", 10): 3, (4, "d", 40): 1})
+    # two of hash 20's three copies, the lowest ids; hash 30 loses all it has (2 < 5); 99 is untouched
+    assert sorted(zip(dels["__row_id"].to_pylist(), dels["__row_hash"].to_pylist(), strict=True)) \
+        == [(100, 20), (101, 20), (103, 30), (104, 30)]
+    assert dels["k"].null_count == dels.num_rows and dels["v"].null_count == dels.num_rows
+    ids = out["__row_id"].to_pylist()
+    assert len(set(ids)) == len(ids)
+
+
+def test_insert_only_reads_no_stored_row() -> None:
+    out = plain_rows.changes(_delta([(1, "a", 10, 2)]), None, COLUMNS, salt="s")
+    assert out.num_rows == 2 and not any(out["__del"].to_pylist())
+    assert plain_rows.negative_hashes(_delta([(1, "a", 10, 2)])).to_pylist() == []
+
+
+def test_fresh_ids_avoid_the_deleted_ones_and_follow_the_salt() -> None:
+    delta = _delta([(1, "a", 10, 50), (2, "b", 20, -1)])
+    a = plain_rows.changes(delta, _stored([(7, 20)]), COLUMNS, salt="x")
+    b = plain_rows.changes(delta, _stored([(7, 20)]), COLUMNS, salt="x")
+    c = plain_rows.changes(delta, _stored([(7, 20)]), COLUMNS, salt="y")
+    assert a["__row_id"].to_pylist() == b["__row_id"].to_pylist() != c["__row_id"].to_pylist()
+    inserted = a.filter(pa.compute.invert(a["__del"]))["__row_id"].to_pylist()
+    assert 7 not in inserted and len(set(inserted)) == 50
+
+
+def test_empty_delta() -> None:
+    out = plain_rows.changes(_delta([]), None, COLUMNS, salt="s")
+    assert out.num_rows == 0 and out.column_names == [*COLUMNS, "__del"]
