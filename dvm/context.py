@@ -45,6 +45,8 @@ class SourceRef:
     #: Delta checksum files (no job); a version missing here has no checksum. Decides holding (see
     #: :meth:`Context.table`) and code generation (the refresh executor).
     sizes: Mapping[int, int] = field(default_factory=dict, hash=False)
+    #: bytes of the change files of the window (pre, post], from the log; None when unknown
+    change_bytes: int | None = None
 
     @property
     def changed(self) -> bool:
@@ -204,6 +206,28 @@ class Context:
             gone.add(k)
         self.fixpoints[:] = [f for k, f in enumerate(specs) if k not in gone]
         return sql
+
+    def bytes_read(self, sql: str) -> int | None:
+        """The bytes of Delta files Spark reads to run ``sql`` and the held reads it needs: each snapshot and
+        change window read once, however often the text names it; snapshots read by the driver reach Spark
+        as local relations and count nothing. None when a read's size is unknown (no checksum, or the
+        stored table read in place). The refresh executor runs a job over a few MiB on one partition."""
+        text = sql + "".join(spec.seed + (spec.step or "") for name, spec in self.fixpoints
+                             if name not in self.driver_held)
+        if self.target_path is not None and re.search(re.escape(f"delta.{quote(self.target_path)}"), text):
+            return None
+        total = 0
+        for ref in self.sources.values():
+            for version in {v for v in (ref.pre, ref.post) if v is not None}:
+                if f"delta.{quote(ref.path)} VERSION AS OF {version}" in text:
+                    if (size := ref.sizes.get(version)) is None:
+                        return None
+                    total += size
+            if ref.pre is not None and f"table_changes_by_path({sql_string(ref.path)}, " in text:
+                if ref.change_bytes is None:
+                    return None
+                total += ref.change_bytes
+        return total
 
     def changed(self, key: str) -> bool:
         return self.sources[key].changed

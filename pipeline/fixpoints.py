@@ -60,24 +60,25 @@ def read_conf(ctx: Context) -> dict[str, str]:
     return READ_CONF if any(spec.step is not None for _, spec in ctx.fixpoints) else {}
 
 
-def reader(spark: Any, ctx: Context) -> Any:
-    """A session to run a query that reads ``ctx``'s fixpoints (``spark`` itself when there are none)."""
+def reader(spark: Any, ctx: Context, conf: dict[str, str] | None = None) -> Any:
+    """A session to run a query that reads ``ctx``'s fixpoints (``spark`` itself when there are none), with
+    ``conf`` (default :func:`read_conf`)."""
     if not ctx.fixpoints:
         return spark
     session = spark.newSession()
-    for k, v in read_conf(ctx).items():
+    for k, v in (read_conf(ctx) if conf is None else conf).items():
         session.conf.set(k, v)
     return session
 
 
 @contextmanager
-def evaluated(spark: Any, ctx: Context) -> Iterator[None]:
+def evaluated(spark: Any, ctx: Context, conf: dict[str, str] | None = None) -> Iterator[None]:
     """Evaluate ``ctx``'s fixpoints (in order: a later one may read an earlier one) for the duration of
-    the block; nothing to do for queries without any."""
+    the block, in a session with ``conf`` (see :func:`reader`); nothing to do for queries without any."""
     if not ctx.fixpoints:
         yield
         return
-    session = reader(spark, ctx)
+    session = reader(spark, ctx, conf)
     held: list[Any] = []
     views: list[str] = []
     try:

@@ -78,6 +78,12 @@ HOLD_TARGET_ROWS = "trickle.refresh.holdTargetRows"
 #: Spark conf: a source snapshot a differential refresh reads is held once per refresh (instead of
 #: scanned at every place its delta rule reads it) when its data files total fewer bytes than this.
 HOLD_SNAPSHOTS_BELOW = "trickle.refresh.holdSnapshotsBelowBytes"
+#: Spark conf: a collected delta job that reads fewer bytes of Delta files than this (change windows and
+#: snapshots together, see :meth:`dvm.context.Context.bytes_read`) runs on one partition; 0 disables.
+ONE_PARTITION_BELOW = "trickle.refresh.onePartitionBelowBytes"
+#: ... with these settings: one task per shuffle and per local relation (driver-read snapshots, the held
+#: target) instead of ``spark.sql.shuffle.partitions`` / ``spark.default.parallelism`` of them
+ONE_PARTITION = {"spark.sql.shuffle.partitions": "1", "spark.sql.leafNodeDefaultParallelism": "1"}
 #: Spark conf: strict mode (``true``) when the API / CLI leave it unset; see :meth:`Refresher.is_strict`.
 STRICT = "trickle.refresh.strict"
 
@@ -414,7 +420,8 @@ class Refresher:
                 else:
                     log = DeltaLog(self.spark, src.path)
                     sizes = {v: size for v in {before, post[key]} if (size := log.table_size(v)) is not None}
-            refs[key] = SourceRef(src.path, post[key], before, insert_only=only, sizes=sizes)
+            refs[key] = SourceRef(src.path, post[key], before, insert_only=only, sizes=sizes,
+                                  change_bytes=w.change_bytes if w is not None else None)
         hold_below = int(self.spark.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
         driver_below = min(hold_below, int(self.spark.conf.get(fixpoints.READ_BY_DRIVER_BELOW, str(1 << 20))))
         return Context(refs, target_path=d.path, materialize_changes=True, hold_below=hold_below,
@@ -446,9 +453,10 @@ class Refresher:
         src = _rendered(ctx, plan.netted_delta_sql(ctx, d.types), record)
         if src is None:
             return None
-        with fixpoints.evaluated(self.spark, ctx):
+        conf = self._job_conf(ctx, src)
+        with fixpoints.evaluated(self.spark, ctx, conf):
             delta = delta_sink.collect(self.spark, src, record, read_version, interpreted=self.small(d, ctx),
-                                       conf=fixpoints.read_conf(ctx))
+                                       conf=conf)
         protocol = DeltaLog(self.spark, d.path).protocol(read_version)
         hashes = plain_rows.negative_hashes(delta)
         stored = (plain_rows.stored_with_hashes(self.spark, d.path, read_version, hashes, protocol)
@@ -492,15 +500,17 @@ class Refresher:
         statement = lambda rows: plan.merge_statement(target, rows)  # noqa: E731
         limits = strategy.Limits.from_conf(self.spark.conf)
         change_bytes = sum(w.change_bytes for w in windows.values())
-        with fixpoints.evaluated(self.spark, ctx):
-            if not strategy.collect_first(change_bytes, limits):
+        collected = strategy.collect_first(change_bytes, limits)
+        conf = self._job_conf(ctx, src) if collected else fixpoints.read_conf(ctx)
+        with fixpoints.evaluated(self.spark, ctx, conf):
+            if not collected:
                 choice = strategy.uncollected(change_bytes, limits)
                 record["apply"] = choice.describe()
                 self.before_commit(d.name)
                 return delta_sink.merge(self.spark, d.path, src, statement, record, read_version,
-                                        interpreted=self.small(d, ctx), conf=fixpoints.read_conf(ctx))
+                                        interpreted=self.small(d, ctx), conf=conf)
             rows = delta_sink.collect(self.spark, src, record, read_version, interpreted=self.small(d, ctx),
-                                      conf=fixpoints.read_conf(ctx))
+                                      conf=conf)
         protocol = DeltaLog(self.spark, d.path).protocol(read_version) if read_version is not None else None
         return self._commit_collected(d, plan, rows, protocol, record, read_version)
 
@@ -524,6 +534,18 @@ class Refresher:
         self.before_commit(d.name)
         return delta_sink.apply_collected(self.spark, d.path, rows, choice.strategy, choice.engine, stored, update,
                                           statement, record, read_version)
+
+    def _job_conf(self, ctx: Context, sql: str) -> dict[str, str]:
+        """Settings for the session of a collected delta job (and the fixpoints it reads): those of
+        :func:`pipeline.fixpoints.read_conf`, and :data:`ONE_PARTITION` when the job reads fewer bytes than
+        ``trickle.refresh.onePartitionBelowBytes`` (default 16 MiB). Why: on a few MiB each shuffle's tasks
+        and each local relation's broadcast tasks cost more than they parallelise. Measured on join_agg over
+        1M rows with 1% changed (17K change rows, 4 shuffle partitions before): the job 301 -> 187 ms, the
+        refresh 0.59 -> 0.48 s (medians of 8, warm)."""
+        conf = fixpoints.read_conf(ctx)
+        limit = int(self.spark.conf.get(ONE_PARTITION_BELOW, str(16 << 20)))
+        read = ctx.bytes_read(sql) if limit > 0 else None
+        return {**conf, **ONE_PARTITION} if read is not None and read < limit else conf
 
     def small(self, d: StreamTableDef, ctx: Context) -> bool:
         """Whether a differential refresh should run without code generation: when the tables it reads

@@ -657,3 +657,32 @@ def test_shared_cte_sql_grows_linearly_with_nesting() -> None:
         sizes.append(len(sql))
     steps = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
     assert max(steps) < 1.2 * min(steps), sizes
+
+
+def test_bytes_read_counts_each_delta_file_read_once() -> None:
+    """What a delta job reads decides its partitions (see ``Refresher._job_conf``): every change window and
+    every snapshot read in Spark once, whatever the number of places that name it; a snapshot read by the
+    driver counts nothing; an unknown size, or the stored table read in place, makes it unknown."""
+    plan = dvm.compile_query("SELECT a.x, b.y FROM a JOIN b ON a.k = b.k", JOIN_SCHEMAS)
+    refs = {"a": SourceRef("/w/a", 5, 4, sizes={4: 900, 5: 1000}, change_bytes=70),
+            "b": SourceRef("/w/b", 5, 4, sizes={4: 5000, 5: 5000}, change_bytes=30)}
+    ctx = Context(refs, materialize_changes=True, target_path="/w/st")
+    sql = ctx.unshare_single_reads(plan.netted_delta_sql(ctx, ["int", "int"]) or "")
+    read = ctx.bytes_read(sql)
+    assert read is not None and read >= 70 + 30 and read <= 70 + 30 + 900 + 1000 + 5000 + 5000
+    text = sql + "".join(spec.seed for _, spec in ctx.fixpoints)
+    expected = 100 + sum(size for key, ref in refs.items() for v, size in ref.sizes.items()
+                         if f"delta.`/w/{key}` VERSION AS OF {v}" in text)
+    assert read == expected
+    # the same snapshots read by the driver (held under driver_below) reach Spark as local relations
+    ctx = Context(refs, materialize_changes=True, hold_below=1 << 20, driver_below=1 << 20, target_path="/w/st")
+    sql = ctx.unshare_single_reads(plan.netted_delta_sql(ctx, ["int", "int"]) or "")
+    assert ctx.bytes_read(sql) == 100
+    # a window of unknown size; the stored table read in place (the general delta of a plain-rows table
+    # reads it to pick the copies it deletes)
+    unknown = {"a": SourceRef("/w/a", 5, 4, sizes={4: 900, 5: 1000}), "b": refs["b"]}
+    ctx = Context(unknown, materialize_changes=True, target_path="/w/st")
+    assert ctx.bytes_read(ctx.unshare_single_reads(plan.netted_delta_sql(ctx, ["int", "int"]) or "")) is None
+    ctx = Context(refs, materialize_changes=True, target_path="/w/st")
+    assert ctx.bytes_read(ctx.unshare_single_reads(plan.merge_source_sql(ctx, ["int", "int"]) or "")) is None
+    assert Context(refs).bytes_read("SELECT * FROM delta.`/w/a` VERSION AS OF 5") == 1000
