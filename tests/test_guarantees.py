@@ -155,12 +155,17 @@ def _churn_and_vacuum(spark: Any, src: str) -> None:
     spark.sql(f"DELETE FROM {src} WHERE id = 2")
     spark.sql(f"INSERT INTO {src} VALUES (3, 3)")
     spark.sql(f"OPTIMIZE {src}")
-    check = "spark.databricks.delta.retentionDurationCheck.enabled"
-    spark.conf.set(check, "false")
+    # VACUUM lists the table in spark.sql.sources.parallelPartitionDiscovery.parallelism tasks (10,000 by
+    # default: 35 s for this tiny table on 2 cores; 1 s with one)
+    settings = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
+                "spark.sql.sources.parallelPartitionDiscovery.parallelism": "1"}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
     try:
         spark.sql(f"VACUUM {src} RETAIN 0 HOURS")
     finally:
-        spark.conf.unset(check)
+        for k in settings:
+            spark.conf.unset(k)
 
 
 def test_vacuumed_change_history(spark: Any, st: Any, make_source: Any, unique_name: Any) -> None:
