@@ -24,7 +24,7 @@ CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 COVERAGE_ORDER = 0  # first section of docs/COVERAGE.md
 COVERAGE_TITLE = "Core operators: scan, filter, projection, inner and left joins, DISTINCT, UNION ALL, subqueries, CTEs"
 _SINGLE = "test_single_table_operators_differential"
-_JOINS = "test_join_operators_differential"
+_JOINS = "test_oracle_operator_joins.py::test_join_operators_differential"
 COVERAGE = [
     Row("SELECT * (scan), keyless source with duplicate rows", "DIFFERENTIAL", "SELECT * FROM c", _SINGLE,
         "stored as plain rows: each duplicate is a row of its own (hidden `__row_hash`, `__row_id`)"),
@@ -246,54 +246,4 @@ def test_single_table_operators_differential(spark: Any, st: Any) -> None:
         cycles=CYCLES,
         seed=101,
         extremes=[Extreme("items", "qty"), Extreme("items", "price")],
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# Joins, aggregates over joins, joins over aggregates, and a DAG of stream tables
-# --------------------------------------------------------------------------------------------------
-
-JOIN_QUERIES = {
-    "join3": (
-        "SELECT o.oid, c.cname, r.rname, o.qty * c.credit AS score FROM {orders} o "
-        "JOIN {customers} c ON o.cust_id = c.id JOIN {regions} r ON c.region = r.rid "
-        "WHERE o.qty > 1 OR r.rname IS NULL"
-    ),
-    "left_join": (
-        "SELECT o.oid, o.cust_id, c.cname, c.credit FROM {orders} o LEFT JOIN {customers} c ON o.cust_id = c.id"
-    ),
-    "left_join_dim": (
-        "SELECT c.id, c.cname, o.oid, o.amount FROM {customers} c "
-        "LEFT OUTER JOIN {orders} o ON c.id = o.cust_id AND o.qty > 2"
-    ),
-    "agg_join": (
-        "SELECT c.region, COUNT(*) AS n, SUM(o.amount) AS total, MAX(o.qty) AS mq, AVG(c.credit) AS ac "
-        "FROM {orders} o JOIN {customers} c ON o.cust_id = c.id GROUP BY c.region"
-    ),
-    "join_agg": (
-        "SELECT c.id, c.cname, t.total, t.n FROM {customers} c JOIN "
-        "(SELECT cust_id, SUM(amount) AS total, COUNT(*) AS n FROM {orders} GROUP BY cust_id) t "
-        "ON c.id = t.cust_id"
-    ),
-    # DAG: region_totals reads cust_totals; refreshing it must bring cust_totals along.
-    "cust_totals": "SELECT cust_id, COUNT(*) AS n, SUM(qty) AS q FROM {orders} GROUP BY cust_id",
-    "region_totals": (
-        "SELECT c.region, SUM(t.q) AS q, SUM(t.n) AS n FROM {cust_totals} t "
-        "JOIN {customers} c ON t.cust_id = c.id WHERE t.n >= 2 GROUP BY c.region"
-    ),
-}
-
-
-def test_join_operators_differential(spark: Any, st: Any) -> None:
-    """Inner (2- and 3-table), LEFT OUTER (unmatched rows, NULL keys), aggregate over join, join over
-    aggregate, stream table over stream table; with join keys updated while the old partner is deleted
-    in the same commit window (Churn), which needs the partner's pre-state."""
-    run_oracle(
-        spark,
-        st,
-        [ORDERS, CUSTOMERS, REGIONS],
-        JOIN_QUERIES,
-        cycles=CYCLES,
-        seed=202,
-        churn=[Churn("orders", "cust_id", "customers"), Churn("customers", "region", "regions", p=0.2)],
     )
