@@ -65,3 +65,22 @@ def test_what_delta_rs_might_read_differently_is_left_to_spark(spark: Any, uniqu
         spark.conf.unset(fixpoints.READ_BY_DRIVER_ROWS)
     assert fixpoints._read_by_driver(spark, _seed(_path(spark, big), 1)) is not None
     assert fixpoints._read_by_driver(spark, f"SELECT * FROM table_changes_by_path('{_path(spark, big)}', 1, 1)") is None
+
+
+def test_a_snapshot_read_before_is_reused_until_its_table_is_recreated(spark: Any, unique_name: Any) -> None:
+    """The driver reads a version once (its rows never change); a table dropped and re-created at the same
+    path writes that version's commit anew, and its rows are read again, not served from before."""
+    name = unique_name("again")
+    spark.sql(f"CREATE TABLE {name} (id INT, v STRING) USING delta")
+    spark.sql(f"INSERT INTO {name} VALUES (1, 'old'), (2, 'old')")
+    path = _path(spark, name)
+    seed = _seed(path, 1)
+    first = fixpoints._read_by_driver(spark, seed)
+    assert first is not None and fixpoints._read_by_driver(spark, seed) is first
+    spark.sql(f"DROP TABLE {name}")
+    spark.sql(f"CREATE TABLE {name} (id INT, v STRING) USING delta LOCATION '{path}'")
+    spark.sql(f"INSERT INTO {name} VALUES (3, 'new')")  # version 1 again, other rows
+    again = fixpoints._read_by_driver(spark, seed)
+    assert again is not None and again is not first
+    assert sorted(tuple(r) for r in again.collect()) == [(3, "new")] == sorted(
+        tuple(r) for r in spark.sql(seed).collect())
