@@ -111,6 +111,11 @@ class DeltaLog:
         status = fs.getFileStatus(hpath)
         return status.getLen(), status.getModificationTime()
 
+    def commit_signature(self, version: int) -> Any:
+        """The signature (see :meth:`_signature`) of the commit file of ``version``: the same signature, the
+        same commit; None when the file is gone."""
+        return self._signature(f"{version:020d}.json")
+
     def _read_bytes(self, name: str) -> bytes | None:
         local = _local(self.log_dir)
         if local is not None:

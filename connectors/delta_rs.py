@@ -22,7 +22,6 @@ Why it is safe:
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from connectors.delta_log import TRICKLE_KEY, _local
@@ -70,20 +69,6 @@ def unreadable(protocol: dict[str, Any] | None) -> str | None:
         return None
     extra = sorted(set(protocol.get("readerFeatures") or ()) - READER_FEATURES) if reader == 3 else ["columnMapping"]
     return f"reader features {', '.join(extra)}" if extra or reader > 3 else None
-
-
-def commit_stamp(path: str, version: int) -> tuple[int, int] | None:
-    """(modification time in ns, size) of the commit file of ``version`` on a local file system; None elsewhere
-    or when it is gone. Two reads of a version with the same stamp read the same commit: a table dropped and
-    re-created at the same path writes its commit files anew."""
-    local = _local(path)
-    if local is None:
-        return None
-    try:
-        st = os.stat(f"{local.rstrip('/')}/_delta_log/{version:020d}.json")
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
 
 
 def read_small(path: str, version: int, max_bytes: int, max_rows: int) -> Any | None:

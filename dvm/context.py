@@ -214,7 +214,7 @@ class Context:
         stored table read in place). The refresh executor runs a job over a few MiB on one partition."""
         text = sql + "".join(spec.seed + (spec.step or "") for name, spec in self.fixpoints
                              if name not in self.driver_held)
-        if self.target_path is not None and re.search(re.escape(f"delta.{quote(self.target_path)}"), text):
+        if self.target_path is not None and f"delta.{quote(self.target_path)}" in text:
             return None
         total = 0
         for ref in self.sources.values():

@@ -148,8 +148,8 @@ def run(session: Any, spec: Fixpoint, held: list[Any]) -> Any:
     return reduce(lambda a, b: a.unionAll(b), parts)
 
 
-#: the last snapshots read by the driver, as Spark relations, by (application, path, version, commit stamp,
-#: limits): a refresh reads a source at its pre and post versions and the next refresh's pre is this one's
+#: the last snapshots read by the driver, as Spark relations, by (application, path, version, commit
+#: signature, limits): a refresh reads a source at its pre and post versions and the next refresh's pre is this one's
 #: post, and an unchanged dimension is read at the same version every time (see :func:`_read_by_driver`)
 _DRIVER_READS: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 _DRIVER_READS_KEPT = 16
@@ -172,17 +172,18 @@ def _read_by_driver(session: Any, seed: str) -> Any | None:
     path, version = m.group(1).replace("``", "`"), int(m.group(2))
     # A version's rows never change, so a relation read before is reused (measured on join_agg over 1M rows:
     # reading the 1000-row dimension and handing it to Spark cost 20-40 ms of every refresh); the commit
-    # stamp tells a table re-created at the same path from the one read before; a relation belongs to the
-    # Spark application that made it.
-    stamp = delta_rs.commit_stamp(path, version)
-    key = (session.sparkContext.applicationId, path, version, stamp, max_bytes, max_rows)
-    if stamp is not None:
+    # file's signature tells a table re-created at the same path from the one read before; a relation belongs
+    # to the Spark application that made it.
+    log = DeltaLog(session, path)
+    signature = log.commit_signature(version)
+    key = (session.sparkContext.applicationId, path, version, signature, max_bytes, max_rows)
+    if signature is not None:
         with _DRIVER_READS_LOCK:
             if (hit := _DRIVER_READS.get(key)) is not None:
                 _DRIVER_READS.move_to_end(key)
                 return hit
-    df = _driver_relation(session, path, version, max_bytes, max_rows)
-    if df is not None and stamp is not None:
+    df = _driver_relation(session, log, version, max_bytes, max_rows)
+    if df is not None and signature is not None:
         with _DRIVER_READS_LOCK:
             _DRIVER_READS[key] = df
             while len(_DRIVER_READS) > _DRIVER_READS_KEPT:
@@ -190,16 +191,15 @@ def _read_by_driver(session: Any, seed: str) -> Any | None:
     return df
 
 
-def _driver_relation(session: Any, path: str, version: int, max_bytes: int, max_rows: int) -> Any | None:
-    """The snapshot of ``path`` at ``version`` read by delta-rs, as a Spark relation (see
+def _driver_relation(session: Any, log: DeltaLog, version: int, max_bytes: int, max_rows: int) -> Any | None:
+    """The snapshot of ``log``'s table at ``version`` read by delta-rs, as a Spark relation (see
     :func:`_read_by_driver`)."""
-    log = DeltaLog(session, path)
     if delta_rs.unreadable(log.protocol(version)) is not None:
         return None
     meta = log.metadata(version)
     if meta is not None and '"char(' in meta.schema_json.lower():
         return None  # Spark pads CHAR(n) values on read; the files hold them unpadded
-    table = delta_rs.read_small(path, version, max_bytes, max_rows) if meta is not None else None
+    table = delta_rs.read_small(log.path, version, max_bytes, max_rows) if meta is not None else None
     if table is None or meta is None:
         return None
     from pyspark.sql.types import StructType  # pure Python

@@ -540,8 +540,8 @@ class Refresher:
         :func:`pipeline.fixpoints.read_conf`, and :data:`ONE_PARTITION` when the job reads fewer bytes than
         ``trickle.refresh.onePartitionBelowBytes`` (default 16 MiB). Why: on a few MiB each shuffle's tasks
         and each local relation's broadcast tasks cost more than they parallelise. Measured on join_agg over
-        1M rows with 1% changed (17K change rows, 4 shuffle partitions before): the job 301 -> 187 ms, the
-        refresh 0.59 -> 0.48 s (medians of 8, warm)."""
+        1M rows with 1% changed (17K change rows, 4 shuffle partitions otherwise), the setting flipped every
+        other refresh in one process: 594 -> 439 ms per refresh (medians of 8, warm)."""
         conf = fixpoints.read_conf(ctx)
         limit = int(self.spark.conf.get(ONE_PARTITION_BELOW, str(16 << 20)))
         read = ctx.bytes_read(sql) if limit > 0 else None
