@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dvm.context import Context, SourceRef
 from dvm.errors import QueryError, TrickleError, UnsupportedError
 from dvm.parser import compile_tree, source_keys
-from dvm.plan import Plan
+from dvm.plan import FLOAT_IDENTITY, Plan
 
 
 def compile_query(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect: str = "spark") -> Plan:
@@ -16,5 +16,5 @@ def compile_query(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialec
     return Plan(root, names, notes)
 
 
-__all__ = ["compile_query", "source_keys", "Plan", "Context", "SourceRef", "QueryError", "UnsupportedError",
+__all__ = ["compile_query", "source_keys", "Plan", "FLOAT_IDENTITY", "Context", "SourceRef", "QueryError", "UnsupportedError",
            "TrickleError"]

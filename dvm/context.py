@@ -117,6 +117,9 @@ class Context:
     #: refresh's SQL stays deterministic (Delta's MERGE may read its source twice). The refresh executor sets
     #: a fresh one per refresh; the constant default keeps rendered SQL stable for tests and ``explain``.
     salt: str = "trickle"
+    #: how floating values are identified in ``__row_hash`` (``dvm.plan.FLOAT_IDENTITIES``): the stream
+    #: table's own, so the delta finds the copies its FULL refresh stored
+    float_identity: str = "bits37"
 
     def note(self, text: str) -> None:
         if text not in self.notes:

@@ -228,7 +228,8 @@ class StreamTables:
         path = self.catalog.table_path(key)
         latest = {k: DeltaLog(self.spark, s.path).latest_version() or 0 for k, s in sources.items()}
         draft = StreamTableDef(key, query, schedule, mode, path, sources, [], [], "bag",
-                               inlined_query=maintained if views else None, views=views)
+                               inlined_query=maintained if views else None, views=views,
+                               float_identity=dvm.FLOAT_IDENTITY)
         pinned = dvm.parser.pin_sources(dvm.parser.analyzable(maintained), self.refresher.from_items(draft, latest))
         try:
             schema = self.spark.sql(pinned).schema

@@ -427,7 +427,7 @@ class Refresher:
         return Context(refs, target_path=d.path, materialize_changes=True, hold_below=hold_below,
                        driver_below=driver_below,
                        salt=salt if salt is not None else uuid.uuid4().hex, target_relation=target_relation,
-                       small_delta=small_delta)
+                       small_delta=small_delta, float_identity=d.float_identity)
 
     def _differential(self, d: StreamTableDef, pre: dict[str, int], post: dict[str, int],
                       windows: dict[str, Window], record: dict[str, Any],
@@ -573,7 +573,7 @@ class Refresher:
         if plan is not None:
             return plan.full_sql(ctx, d.types)
         pinned = dvm.parser.pin_sources(d.maintained_query, self.from_items(d, post), d.dialect)
-        return plain_rows_sql(pinned, d.names, d.types, ctx.salt)
+        return plain_rows_sql(pinned, d.names, d.types, ctx.salt, ctx.float_identity)
 
     def from_items(self, d: StreamTableDef, post: dict[str, int]) -> dict[str, str]:
         """FROM items reading each source at ``post``; stream tables show only their user columns (they store

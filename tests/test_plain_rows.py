@@ -86,3 +86,60 @@ def test_bag_tables_hold_the_query_rows_for_every_reader(
             r = st.refresh_stream_table(name)
             assert r.action in ("DIFFERENTIAL", "NO_DATA"), (name, when, r.action, r.reason)
             _check(spark, st, name, q, f"after {when}")
+
+
+def test_float_identities_meet_recomputed_sums_and_keep_values_apart(spark: Any) -> None:
+    """Both forms of ``dvm.plan.FLOAT_IDENTITIES`` evaluated by Spark: sums of the same terms in another
+    order get one identity, values that differ in their 11th digit keep two, and the edge values (NaN,
+    infinities, -0.0, the largest and the smallest doubles, NULL) neither fail nor merge with others."""
+    from dvm.plan import FLOAT_IDENTITIES, _canonical
+
+    pairs = [("0.1D + 0.2D", "0.3D"), ("0.1D + 0.1D + 0.1D + 0.1D + 0.1D + 0.1D + 0.1D + 0.1D + 0.1D + 0.1D", "1.0D"),
+             ("1e16D + 1.0D - 1e16D", "0.0D"), ("-0.0D", "0.0D")]
+    apart = [("1.0D", "1.00000000002D"), ("123456.789D", "123456.788D"), ("-2.5D", "2.5D"), ("1e-300D", "2e-300D"),
+             ("double('NaN')", "double('inf')"), ("double('-inf')", "double('inf')"), ("1.7976931348623157e308D", "0.0D"),
+             ("4.9e-324D", "0.0D")]
+    for identity in FLOAT_IDENTITIES:
+        def ident(v: str, identity: str = identity) -> str:
+            return _canonical(f"({v})", "double", identity)
+
+        same = [f"{ident(a)} <=> {ident(b)}" for a, b in pairs]
+        differ = [f"NOT ({ident(a)} <=> {ident(b)})" for a, b in apart]
+        if identity == "bits37":  # digits12 formats NULL as 'null': row_hash's NULL marker tells it apart
+            differ.append(f"{ident('CAST(NULL AS DOUBLE)')} IS NULL")
+        got = spark.sql(f"SELECT {', '.join(same + differ)}").collect()[0]
+        assert all(got), (identity, [c for c, ok in zip(same + differ, got, strict=True) if not ok])
+
+
+def test_a_table_declared_before_bits37_keeps_its_float_identity(
+    spark: Any, st: Any, make_source: Callable[..., str], unique_name: Callable[[str], str]
+) -> None:
+    """A catalog file written before ``float_identity`` existed loads as ``digits12``, and such a table's
+    refreshes keep hashing floats that way: its deltas find the copies its FULL refresh stored (deleting one
+    of two equal DOUBLE rows, updating another), read the same by delta-rs and Spark as by the query."""
+    import json
+    from pathlib import Path
+
+    from pipeline.catalog import StreamTableDef
+
+    src = make_source("fi_src", "id INT, x DOUBLE", rows=[(1, 0.1), (2, 0.1), (3, 2.5), (4, None), (5, 1e300)])
+    name = unique_name("fi_legacy")
+    q = f"SELECT x FROM {src}"
+    st.create_stream_table(name, q, refresh_mode="DIFFERENTIAL", initialize=False)
+    doc = json.loads(st.catalog.get(name).to_json())
+    assert doc.pop("float_identity") == "bits37"
+    legacy = StreamTableDef.from_json(json.dumps(doc))
+    assert legacy.float_identity == "digits12"
+    st.catalog.put(legacy)
+    assert st.refresh_stream_table(name).action == "FULL"
+    stored = spark.sql(f"SELECT __row_hash FROM delta.`{legacy.path}` WHERE x = 0.1").collect()
+    expected = spark.sql("SELECT xxhash64(format_string('%.12g', 0.1D + 0.0))").collect()[0][0]
+    assert {r[0] for r in stored} == {expected}
+    for s in [f"DELETE FROM {src} WHERE id = 2", f"UPDATE {src} SET x = 0.1 WHERE id = 3",
+              f"UPDATE {src} SET x = NULL WHERE id = 5"]:
+        spark.sql(s)
+        r = st.refresh_stream_table(name)
+        assert r.action == "DIFFERENTIAL", (s, r.action, r.reason)
+        _check(spark, st, name, q, f"after {s}")
+    assert st.catalog.get(name).float_identity == "digits12"
+    assert Path(legacy.path).exists()
