@@ -455,8 +455,8 @@ class Refresher:
             return None
         conf = self._job_conf(ctx, src)
         with fixpoints.evaluated(self.spark, ctx, conf):
-            delta = delta_sink.collect(self.spark, src, record, read_version, interpreted=self.small(d, ctx),
-                                       conf=conf)
+            delta = delta_sink.collect(self.spark, src, record, read_version,
+                                       interpreted=self._interpreted(ctx, src), conf=conf)
         protocol = DeltaLog(self.spark, d.path).protocol(read_version)
         hashes = plain_rows.negative_hashes(delta)
         stored = (plain_rows.stored_with_hashes(self.spark, d.path, read_version, hashes, protocol)
@@ -502,15 +502,15 @@ class Refresher:
         change_bytes = sum(w.change_bytes for w in windows.values())
         collected = strategy.collect_first(change_bytes, limits)
         conf = self._job_conf(ctx, src) if collected else fixpoints.read_conf(ctx)
+        interpreted = self._interpreted(ctx, src)
         with fixpoints.evaluated(self.spark, ctx, conf):
             if not collected:
                 choice = strategy.uncollected(change_bytes, limits)
                 record["apply"] = choice.describe()
                 self.before_commit(d.name)
                 return delta_sink.merge(self.spark, d.path, src, statement, record, read_version,
-                                        interpreted=self.small(d, ctx), conf=conf)
-            rows = delta_sink.collect(self.spark, src, record, read_version, interpreted=self.small(d, ctx),
-                                      conf=conf)
+                                        interpreted=interpreted, conf=conf)
+            rows = delta_sink.collect(self.spark, src, record, read_version, interpreted=interpreted, conf=conf)
         protocol = DeltaLog(self.spark, d.path).protocol(read_version) if read_version is not None else None
         return self._commit_collected(d, plan, rows, protocol, record, read_version)
 
@@ -547,22 +547,19 @@ class Refresher:
         read = ctx.bytes_read(sql) if limit > 0 else None
         return {**conf, **ONE_PARTITION} if read is not None and read < limit else conf
 
-    def small(self, d: StreamTableDef, ctx: Context) -> bool:
-        """Whether a differential refresh should run without code generation: when the tables it reads
-        (sources at the post frontier and the stream table itself) hold fewer bytes *together* than
-        ``trickle.refresh.interpretedBelowBytes`` (default 64 MiB; 0 disables). Sizes come from Delta
-        checksum files (the sources' were read by :meth:`context`), so deciding costs no job; a table
-        without one keeps code generation on."""
-        limit = int(self.spark.conf.get(INTERPRETED_BELOW, str(64 << 20)))
-        if limit <= 0:
-            return False
-        target = DeltaLog(self.spark, d.path)
-        version = target.latest_version()
-        sizes = [ref.sizes.get(ref.post) for ref in ctx.sources.values()]
-        sizes.append(target.table_size(version) if version is not None else None)
-        if any(size is None for size in sizes):
-            return False
-        return sum(sizes) < limit  # type: ignore[arg-type]
+    def _interpreted(self, ctx: Context, sql: str) -> bool:
+        """Whether the delta job runs with code generation off: when it reads fewer bytes of Delta files than
+        ``trickle.refresh.interpretedBelowBytes`` (default 256 KiB; 0 disables), counted as
+        :meth:`_job_conf` counts them (change windows and the snapshots Spark scans; the relations the driver
+        read are bounded by their own limits). Compiling generated code costs a small refresh about 0.1 s,
+        interpreting costs per row. Measured on an insert-only aggregate, 10 source commits per refresh, warm,
+        medians of 4: 1K change rows 0.49 s interpreted against 0.59 s generated, 100K rows (423 KB) 0.67
+        against 0.65 s, 1M rows 2.45 against 0.95 s. The rule before (the tables read, whole, under 64 MiB)
+        ran such a 1M-row window interpreted, and never applied once delta-rs, which writes no checksum
+        file, had committed to the table."""
+        limit = int(self.spark.conf.get(INTERPRETED_BELOW, str(256 << 10)))
+        read = ctx.bytes_read(sql) if limit > 0 else None
+        return read is not None and read < limit
 
     def full_sql(self, d: StreamTableDef, post: dict[str, int], ctx: Context | None = None,
                  windows: dict[str, Window] | None = None) -> str:
