@@ -81,7 +81,9 @@ def _canonical(col: str, ty: str, identity: str = FLOAT_IDENTITY) -> str:
         return col
     if identity == "digits12":
         return f"format_string('%.12g', {col} + 0.0)"
-    assert identity == "bits37", identity
+    if identity != "bits37":
+        raise ValueError(f"unknown float identity {identity!r} (a stream table's catalog file says how it hashes "
+                         f"floats: one of {', '.join(FLOAT_IDENTITIES)})")
     x = f"CAST({col} AS DOUBLE)"
     return f"(CASE WHEN abs({x}) < 1e300D THEN {x} * 65537D - ({x} * 65537D - {x}) ELSE {x} END + 0.0D)"
 

@@ -104,6 +104,8 @@ def test_float_row_ids_tolerate_summation_order() -> None:
     assert "format_string" not in sql and "MAX(`a`) AS `a`" in sql
     legacy = bag_delta_sql("SELECT 1", ["a", "b"], ["double", "int"], "__w", "digits12")
     assert "format_string('%.12g', `a` + 0.0)" in legacy and "65537D" not in legacy
+    with pytest.raises(ValueError, match="unknown float identity 'digits11'"):
+        bag_delta_sql("SELECT 1", ["a"], ["double"], "__w", "digits11")
 
 
 def test_keyed_top_keeps_algebraic_state() -> None:
