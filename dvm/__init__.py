@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dvm.context import Context, SourceRef
+from dvm.context import FLOAT_IDENTITY, Context, SourceRef
 from dvm.errors import QueryError, TrickleError, UnsupportedError
 from dvm.parser import compile_tree, source_keys
-from dvm.plan import FLOAT_IDENTITY, Plan
+from dvm.plan import Plan
 
 
 def compile_query(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialect: str = "spark") -> Plan:
@@ -16,5 +16,5 @@ def compile_query(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialec
     return Plan(root, names, notes)
 
 
-__all__ = ["compile_query", "source_keys", "Plan", "FLOAT_IDENTITY", "Context", "SourceRef", "QueryError", "UnsupportedError",
-           "TrickleError"]
+__all__ = ["compile_query", "source_keys", "Plan", "FLOAT_IDENTITY", "Context", "SourceRef", "QueryError",
+           "UnsupportedError", "TrickleError"]

@@ -26,6 +26,17 @@ def sql_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+#: How a floating value is identified in ``__row_hash`` (the identity a plain-rows table's stored copies are
+#: found by; fixed per stream table, see ``StreamTableDef.float_identity``):
+#:
+#: * ``bits37``: rounded to 37 significant bits (about 11 decimal digits) by Veltkamp's split, three
+#:   floating-point operations. The default since it was measured: the older form cost 4.4 s of CPU per 10M
+#:   rows (``format_string``, Java's formatter), most of a FULL refresh of a scan with a DOUBLE column.
+#: * ``digits12``: 12 significant decimal digits (``format_string('%.12g')``), tables created before.
+FLOAT_IDENTITIES = ("bits37", "digits12")
+FLOAT_IDENTITY = FLOAT_IDENTITIES[0]
+
+
 @dataclass(frozen=True)
 class SourceRef:
     """One source of a stream table as a refresh sees it.
@@ -117,9 +128,9 @@ class Context:
     #: refresh's SQL stays deterministic (Delta's MERGE may read its source twice). The refresh executor sets
     #: a fresh one per refresh; the constant default keeps rendered SQL stable for tests and ``explain``.
     salt: str = "trickle"
-    #: how floating values are identified in ``__row_hash`` (``dvm.plan.FLOAT_IDENTITIES``): the stream
-    #: table's own, so the delta finds the copies its FULL refresh stored
-    float_identity: str = "bits37"
+    #: how floating values are identified in ``__row_hash`` (:data:`FLOAT_IDENTITIES`): the stream table's
+    #: own, so the delta finds the copies its FULL refresh stored
+    float_identity: str = FLOAT_IDENTITY
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -214,7 +225,8 @@ class Context:
         """The bytes of Delta files Spark reads to run ``sql`` and the held reads it needs: each snapshot and
         change window read once, however often the text names it; snapshots read by the driver reach Spark
         as local relations and count nothing. None when a read's size is unknown (no checksum, or the
-        stored table read in place). The refresh executor runs a job over a few MiB on one partition."""
+        stored table read in place). The refresh executor runs a job over a few MiB on one partition, and one
+        over a few hundred KiB without generated code."""
         text = sql + "".join(spec.seed + (spec.step or "") for name, spec in self.fixpoints
                              if name not in self.driver_held)
         if self.target_path is not None and f"delta.{quote(self.target_path)}" in text:

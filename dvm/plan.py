@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from dvm.context import Context, Fixpoint, quote, sql_string
+from dvm.context import FLOAT_IDENTITIES, FLOAT_IDENTITY, Context, Fixpoint, quote, sql_string
 from dvm.dialect import SPARK
 from dvm.operators import Aggregate, Filter, Node, Project, RecursiveCte, TopK
 from dvm.operators.aggregate import Branch, key_match
@@ -59,21 +59,10 @@ DW = "__dw"
 
 FLOATING = ("double", "float")
 
-#: How a floating value is identified in ``__row_hash`` (the identity a plain-rows table's stored copies are
-#: found by; fixed per stream table, see ``StreamTableDef.float_identity``):
-#:
-#: * ``bits37``: rounded to 37 significant bits (about 11 decimal digits) by Veltkamp's split, three
-#:   floating-point operations. The default since it was measured: the older form cost 4.4 s of CPU per 10M
-#:   rows (``format_string``, Java's formatter), most of a FULL refresh of a scan with a DOUBLE column.
-#: * ``digits12``: 12 significant decimal digits (``format_string('%.12g')``), tables created before.
-FLOAT_IDENTITIES = ("bits37", "digits12")
-FLOAT_IDENTITY = FLOAT_IDENTITIES[0]
-
-
 def _canonical(col: str, ty: str, identity: str = FLOAT_IDENTITY) -> str:
     """The identity of a value for ``__row_hash``. Floating values are rounded (see
-    :data:`FLOAT_IDENTITIES`): a SUM over doubles recomputed in another order can differ in its last bits,
-    and the row it must delete has to be found all the same. Veltkamp: with ``c = x * (2^16 + 1)``,
+    :data:`dvm.context.FLOAT_IDENTITIES`): a SUM over doubles recomputed in another order can differ in its
+    last bits, and the row it must delete has to be found all the same. Veltkamp: with ``c = x * (2^16 + 1)``,
     ``c - (c - x)`` is ``x`` rounded to 53 - 16 bits; the guard keeps ``c`` finite, ``+ 0.0`` makes -0.0 0.0.
     Either form can still split two sums that straddle a rounding boundary (measured on random 20-term sums
     in two orders: 17 in 200,000 for ``bits37``, 54 for ``digits12``)."""

@@ -77,9 +77,9 @@ class StreamTableDef:
     inlined_query: str | None = None
     #: the views inlined, outermost first (their definitions are captured at create)
     views: list[str] = field(default_factory=list)
-    #: how floating values are identified in a plain-rows table's ``__row_hash`` (``dvm.plan.FLOAT_IDENTITIES``):
-    #: fixed when the table is declared, since its stored hashes must match every later delta's; files
-    #: without the key come from before ``bits37`` and keep ``digits12``
+    #: how floating values are identified in a plain-rows table's ``__row_hash``
+    #: (``dvm.context.FLOAT_IDENTITIES``): fixed when the table is declared, since its stored hashes must
+    #: match every later delta's; files without the key come from before ``bits37`` and keep ``digits12``
     float_identity: str = "digits12"
 
     @property

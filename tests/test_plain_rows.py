@@ -89,10 +89,11 @@ def test_bag_tables_hold_the_query_rows_for_every_reader(
 
 
 def test_float_identities_meet_recomputed_sums_and_keep_values_apart(spark: Any) -> None:
-    """Both forms of ``dvm.plan.FLOAT_IDENTITIES`` evaluated by Spark: sums of the same terms in another
+    """Both forms of ``dvm.context.FLOAT_IDENTITIES`` evaluated by Spark: sums of the same terms in another
     order get one identity, values that differ in their 11th digit keep two, and the edge values (NaN,
     infinities, -0.0, the largest and the smallest doubles, NULL) neither fail nor merge with others."""
-    from dvm.plan import FLOAT_IDENTITIES, _canonical
+    from dvm.context import FLOAT_IDENTITIES
+    from dvm.plan import _canonical
 
     pairs = [("0.1D + 0.2D", "0.3D"), ("0.1D + 0.1D + 0.1D + 0.1D + 0.1D + 0.1D + 0.1D + 0.1D + 0.1D + 0.1D", "1.0D"),
              ("1e16D + 1.0D - 1e16D", "0.0D"), ("-0.0D", "0.0D")]
@@ -118,7 +119,6 @@ def test_a_table_declared_before_bits37_keeps_its_float_identity(
     refreshes keep hashing floats that way: its deltas find the copies its FULL refresh stored (deleting one
     of two equal DOUBLE rows, updating another), read the same by delta-rs and Spark as by the query."""
     import json
-    from pathlib import Path
 
     from pipeline.catalog import StreamTableDef
 
@@ -142,4 +142,3 @@ def test_a_table_declared_before_bits37_keeps_its_float_identity(
         assert r.action == "DIFFERENTIAL", (s, r.action, r.reason)
         _check(spark, st, name, q, f"after {s}")
     assert st.catalog.get(name).float_identity == "digits12"
-    assert Path(legacy.path).exists()
