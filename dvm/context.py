@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from dvm.key_filter import TOKEN, KeyFilter
+
 State = Literal["pre", "post"]
 
 
@@ -131,6 +133,11 @@ class Context:
     #: how floating values are identified in ``__row_hash`` (:data:`FLOAT_IDENTITIES`): the stream table's
     #: own, so the delta finds the copies its FULL refresh stored
     float_identity: str = FLOAT_IDENTITY
+    #: a join's input whose post snapshot reads at least this many bytes is filtered by the join keys of the
+    #: other input's small delta (see :mod:`dvm.key_filter`); 0: never
+    key_filter_above: int = 0
+    #: the key filters the rendered SQL holds tokens of, filled in by the refresh executor
+    key_filters: list[tuple[str, KeyFilter]] = field(default_factory=list)
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -145,6 +152,28 @@ class Context:
         name = f"global_temp.__trickle_fx_{self.run_id}_{len(self.fixpoints)}"
         self.fixpoints.append((name, spec))
         return name
+
+    def hold(self, sql: str) -> str:
+        """``sql`` computed once per refresh and held, as a FROM item (a loop-free :class:`Fixpoint`)."""
+        return self.fixpoint(Fixpoint([], sql, None))
+
+    def filters_keys(self, relation: str) -> bool:
+        """Whether a join input rendered as ``relation`` is worth a key filter: the delta is small (collected)
+        and the relation's Delta files total at least ``key_filter_above`` bytes (known from checksums)."""
+        if not self.small_delta or self.key_filter_above <= 0:
+            return False
+        size = self._bytes_named(relation)
+        return size is not None and size >= self.key_filter_above
+
+    def key_filter(self, spec: KeyFilter) -> str:
+        """A token standing for ``spec``'s predicate in rendered SQL, filled in by the refresh executor once
+        the held relation is computed (an identifier, so the SQL still parses)."""
+        for token, s in self.key_filters:
+            if s == spec:
+                return token
+        token = f"{TOKEN}{self.run_id}_{len(self.key_filters)}__"
+        self.key_filters.append((token, spec))
+        return token
 
     def table(self, key: str, state: State) -> str:
         """Source ``key`` at the pre or post frontier as a FROM item.
@@ -227,8 +256,11 @@ class Context:
         as local relations and count nothing. None when a read's size is unknown (no checksum, or the
         stored table read in place). The refresh executor runs a job over a few MiB on one partition, and one
         over a few hundred KiB without generated code."""
-        text = sql + "".join(spec.seed + (spec.step or "") for name, spec in self.fixpoints
-                             if name not in self.driver_held)
+        return self._bytes_named(sql + "".join(spec.seed + (spec.step or "") for name, spec in self.fixpoints
+                                               if name not in self.driver_held))
+
+    def _bytes_named(self, text: str) -> int | None:
+        """The bytes of the snapshots and change windows ``text`` names (each once); None when one is unknown."""
         if self.target_path is not None and f"delta.{quote(self.target_path)}" in text:
             return None
         total = 0

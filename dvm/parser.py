@@ -47,6 +47,7 @@ from dvm.operators import (
     Window,
 )
 from dvm.operators.cte import CteRef, SharedCte, finalize_ctes
+from dvm.operators.join import absorb_equalities
 from dvm.operators.lateral import LEFT, InnerSource
 from dvm.operators.recursive import analyze_step
 from dvm.operators.window import owning_window
@@ -858,7 +859,7 @@ class _Builder:
         its own becomes a semi- or anti-join; several, or any under OR, share one mark join (a mark per
         predicate) and a Filter over the marks."""
         if not rewrite.has_subquery_predicate(pred):
-            return Filter(node, self.translate(pred, env))
+            return self.filter(node, self.translate(pred, env))
         plain: list[exp.Expression] = []
         atoms: list[tuple[exp.Expression, bool]] = []
         mixed: list[exp.Expression] = []
@@ -871,7 +872,7 @@ class _Builder:
             else:
                 plain.append(c)
         if plain:
-            node = Filter(node, self.translate(exp.and_(*plain), env))
+            node = self.filter(node, self.translate(exp.and_(*plain), env))
         if len(atoms) == 1 and not mixed:  # a lone [negated] subquery predicate: filter by semi/anti-join
             right, cond, anti = self.subquery_join(atoms[0], env, ctes)
             return (AntiJoin if anti else SemiJoin)(node, right, cond)
@@ -892,6 +893,13 @@ class _Builder:
         marked = [exp.Not(this=a) if neg else a for a, neg in atoms] + mixed
         preds = [c.transform(to_mark) for c in marked]
         return Filter(MarkJoin(node, marks), self.translate(exp.and_(*preds), scope))
+
+    @staticmethod
+    def filter(node: Node, pred: exp.Expression) -> Node:
+        """A WHERE predicate over ``node``: its equalities between the inputs of inner joins become their
+        conditions (see :func:`absorb_equalities`), the rest a Filter."""
+        rest = absorb_equalities(node, pred)
+        return node if rest is None else Filter(node, rest)
 
     def subquery_join(self, atom: tuple[exp.Expression, bool], env: dict[tuple[str, str], str],
                       ctes: dict[str, exp.Expression]) -> tuple[Node, exp.Expression | None, bool]:

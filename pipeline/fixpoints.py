@@ -22,13 +22,14 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import reduce
 from typing import Any
 
 from connectors import delta_rs
 from connectors.delta_log import DeltaLog
+from dvm import key_filter
 from dvm.context import HELD_SEED, PREV, Context, Fixpoint, quote
 from pipeline.errors import RefreshError
 
@@ -74,27 +75,48 @@ def reader(spark: Any, ctx: Context, conf: dict[str, str] | None = None) -> Any:
 
 
 @contextmanager
-def evaluated(spark: Any, ctx: Context, conf: dict[str, str] | None = None) -> Iterator[None]:
+def evaluated(spark: Any, ctx: Context, conf: dict[str, str] | None = None) -> Iterator[Callable[[str], str]]:
     """Evaluate ``ctx``'s fixpoints (in order: a later one may read an earlier one) for the duration of
-    the block, in a session with ``conf`` (see :func:`reader`); nothing to do for queries without any."""
+    the block, in a session with ``conf`` (see :func:`reader`); nothing to do for queries without any.
+    Yields ``bind``: a rendered query with its key filters filled in (see :func:`bind`)."""
     if not ctx.fixpoints:
-        yield
+        yield lambda sql: sql
         return
     session = reader(spark, ctx, conf)
     held: list[Any] = []
     views: list[str] = []
+    predicates: dict[str, str] = {}
     try:
         for name, spec in ctx.fixpoints:
+            spec = Fixpoint(spec.columns, bind(session, ctx, spec.seed, predicates),
+                            None if spec.step is None else bind(session, ctx, spec.step, predicates), spec.weighted)
             df = run(session, spec, held)
             view = name.split(".", 1)[1]
             df.createOrReplaceGlobalTempView(view)
             views.append(view)
-        yield
+        yield lambda sql: bind(session, ctx, sql, predicates)
     finally:
         for view in views:
             spark.catalog.dropGlobalTempView(view)
         for df in held:
             _release(df)
+
+
+def bind(session: Any, ctx: Context, sql: str, predicates: dict[str, str]) -> str:
+    """``sql`` with the token of each key filter it holds (see :mod:`dvm.key_filter`) replaced by its
+    predicate, from the keys of the held relation (already registered: rendering holds it before any query
+    reads the token). The keys of all the filters ``sql`` needs are read in one job, once per refresh
+    (``predicates`` keeps them by token)."""
+    wanted = [(token, spec) for token, spec in ctx.key_filters if token in sql and token not in predicates]
+    if wanted:
+        query = " UNION ALL ".join(spec.keys_sql(i) for i, (_, spec) in enumerate(wanted))
+        for row in session.sql(query).collect():
+            token, spec = wanted[row[0]]
+            predicates[token] = key_filter.predicate(list(row[1]), spec.column)
+    for token, _ in ctx.key_filters:
+        if token in sql:
+            sql = sql.replace(token, predicates[token])
+    return sql
 
 
 def run(session: Any, spec: Fixpoint, held: list[Any]) -> Any:

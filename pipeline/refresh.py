@@ -84,6 +84,10 @@ ONE_PARTITION_BELOW = "trickle.refresh.onePartitionBelowBytes"
 #: ... with these settings: one task per shuffle and per local relation (driver-read snapshots, the held
 #: target) instead of ``spark.sql.shuffle.partitions`` / ``spark.default.parallelism`` of them
 ONE_PARTITION = {"spark.sql.shuffle.partitions": "1", "spark.sql.leafNodeDefaultParallelism": "1"}
+#: Spark conf: in a small differential refresh, a join input whose post snapshot's files total at least this many
+#: bytes is read only where the join keys of the other input's delta fall (see :mod:`dvm.key_filter`); 0
+#: disables. Below it, the job that reads the keys costs more than the files it lets Delta skip.
+KEY_FILTER_ABOVE = "trickle.refresh.keyFilterAboveBytes"
 #: Spark conf: strict mode (``true``) when the API / CLI leave it unset; see :meth:`Refresher.is_strict`.
 STRICT = "trickle.refresh.strict"
 
@@ -427,7 +431,8 @@ class Refresher:
         return Context(refs, target_path=d.path, materialize_changes=True, hold_below=hold_below,
                        driver_below=driver_below,
                        salt=salt if salt is not None else uuid.uuid4().hex, target_relation=target_relation,
-                       small_delta=small_delta, float_identity=d.float_identity)
+                       small_delta=small_delta, float_identity=d.float_identity,
+                       key_filter_above=int(self.spark.conf.get(KEY_FILTER_ABOVE, str(32 << 20))))
 
     def _differential(self, d: StreamTableDef, pre: dict[str, int], post: dict[str, int],
                       windows: dict[str, Window], record: dict[str, Any],
@@ -454,8 +459,8 @@ class Refresher:
         if src is None:
             return None
         conf = self._job_conf(ctx, src)
-        with fixpoints.evaluated(self.spark, ctx, conf):
-            delta = delta_sink.collect(self.spark, src, record, read_version,
+        with fixpoints.evaluated(self.spark, ctx, conf) as bind:
+            delta = delta_sink.collect(self.spark, bind(src), record, read_version,
                                        interpreted=self._interpreted(ctx, src), conf=conf)
         protocol = DeltaLog(self.spark, d.path).protocol(read_version)
         hashes = plain_rows.negative_hashes(delta)
@@ -503,7 +508,8 @@ class Refresher:
         collected = strategy.collect_first(change_bytes, limits)
         conf = self._job_conf(ctx, src) if collected else fixpoints.read_conf(ctx)
         interpreted = self._interpreted(ctx, src)
-        with fixpoints.evaluated(self.spark, ctx, conf):
+        with fixpoints.evaluated(self.spark, ctx, conf) as bind:
+            src = bind(src)
             if not collected:
                 choice = strategy.uncollected(change_bytes, limits)
                 record["apply"] = choice.describe()

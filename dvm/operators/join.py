@@ -8,7 +8,8 @@ join deletions against the other side's *current* state without the correction t
 by time travel: every snapshot of a Delta table at a new version costs a state-reconstruction Spark job,
 and the post snapshot is shared with every other read of the refresh, while a pre snapshot never is. A side
 that did not change drops its terms, so a change to only one table costs one join of its delta against
-the other side.
+the other side. When that side is large and the delta small, the delta is held and the other side read only
+where its keys fall (:mod:`dvm.key_filter`): Delta skips the files no key can be in.
 """
 
 from __future__ import annotations
@@ -20,9 +21,31 @@ from sqlglot import exp
 
 from dvm.context import Context, State, quote
 from dvm.dialect import SPARK
+from dvm.key_filter import KeyFilter
 from dvm.operators.base import Node, W, col_list, consolidate, null_safe_match, union_all
 
 _NAMES = itertools.count(1)
+
+
+#: equalities of a join condition used as key filters, at most (each a predicate of up to 16 ranges)
+MAX_KEY_FILTERS = 2
+
+
+def equi_keys(condition: exp.Expression | None, keyed: list[str], filtered: list[str]) -> list[tuple[str, str]]:
+    """The conjuncts ``a = b`` of ``condition`` with ``a`` over columns of ``keyed`` only and ``b`` a column of
+    ``filtered``, as (a, b) SQL: a column is what Delta and Parquet can skip by."""
+    if condition is None:
+        return []
+    out = []
+    for conj in condition.flatten() if isinstance(condition, exp.And) else [condition]:
+        if not isinstance(conj, exp.EQ):
+            continue
+        for a, b in ((conj.this, conj.expression), (conj.expression, conj.this)):
+            names = {c.name for c in a.find_all(exp.Column)}
+            if names and names <= set(keyed) and isinstance(b, exp.Column) and b.name in filtered:
+                out.append((a.sql(SPARK), b.sql(SPARK)))
+                break
+    return out[:MAX_KEY_FILTERS]
 
 
 def join_sql(left: str, right: str, kind: str, condition: exp.Expression | None, select: str) -> str:
@@ -53,11 +76,34 @@ class Inputs:
         self.defs.append((name, sql))
         return f"SELECT * FROM {name}"
 
-    def delta(self, side: str) -> str | None:
+    def delta(self, side: str, hold: bool = False) -> str | None:
+        """The delta of input ``side``; ``hold``: computed before the query (the first call decides), so a key
+        filter can read its keys."""
         if side not in self._deltas:
             d = self.nodes[side].delta(self.ctx)
-            self._deltas[side] = None if d is None else self.share(d)
+            self._deltas[side] = None if d is None else (
+                f"SELECT * FROM {self.ctx.hold(d)}" if hold else self.share(d))
         return self._deltas[side]
+
+    def keyed_post(self, side: str, by: str, condition: exp.Expression | None) -> tuple[str | None, str | None]:
+        """The post snapshot of ``side`` as the term ``Δby ⋈ side_post`` reads it, and the delta of ``by``
+        (both None when that delta is). The snapshot is filtered by the keys of the delta (then held) on the
+        condition's equalities between the two inputs when it is large and the delta small (see
+        :mod:`dvm.key_filter`)."""
+        pairs = equi_keys(condition, self.nodes[by].cols, self.nodes[side].cols)
+        filtered = bool(pairs) and self.nodes[by].changed(self.ctx) and by not in self._deltas and (
+            self.ctx.filters_keys(self.nodes[side].snapshot(self.ctx, "post")))
+        delta = self.delta(by, hold=filtered)
+        if delta is None:
+            return None, None
+        post = self.snapshot(side, "post")
+        if not filtered:
+            return post, delta
+        held = delta[len("SELECT * FROM "):]
+        tokens = [self.ctx.key_filter(KeyFilter(held, key, column)) for key, column in pairs]
+        self.ctx.note("key filter: a join input's post snapshot read only where the changed rows' keys fall "
+                      "(" + ", ".join(column for _, column in pairs) + ")")
+        return f"SELECT * FROM ({post}) __k WHERE {' AND '.join(tokens)}", delta
 
     def snapshot(self, side: str, state: State) -> str:
         if (side, state) not in self._snapshots:
@@ -164,20 +210,51 @@ class BinaryJoin(Node):
 def inner_delta(cols: list[str], condition: exp.Expression | None, inputs: Inputs) -> str | None:
     """ΔL ⋈ R_post + L_post ⋈ ΔR − ΔL ⋈ ΔR over the inputs ``left`` and ``right`` (see the module doc)."""
     parts = []
-    dl = inputs.delta("left")
-    dr = inputs.delta("right")
+    right_post, dl = inputs.keyed_post("right", "left", condition)
+    left_post, dr = inputs.keyed_post("left", "right", condition)
     if dl is not None:
-        parts.append(join_sql(dl, inputs.snapshot("right", "post"), "INNER", condition,
-                              f"{col_list(cols)}, __l.{W}"))
+        parts.append(join_sql(dl, right_post, "INNER", condition, f"{col_list(cols)}, __l.{W}"))  # type: ignore[arg-type]
     if dr is not None:
-        parts.append(join_sql(inputs.snapshot("left", "post"), dr, "INNER", condition,
-                              f"{col_list(cols)}, __r.{W}"))
+        parts.append(join_sql(left_post, dr, "INNER", condition, f"{col_list(cols)}, __r.{W}"))  # type: ignore[arg-type]
     if dl is None or dr is None:
         return union_all(parts)
     # the correction term cancels rows of the other two (a changed row joined with a deleted partner
     # appears once with +w and once with -w): net them, MIN/MAX above must not see phantom inserts
     parts.append(join_sql(dl, dr, "INNER", condition, f"{col_list(cols)}, -(__l.{W} * __r.{W}) AS {W}"))
     return consolidate(union_all(parts), cols)  # type: ignore[arg-type]
+
+
+def absorb_equalities(node: Node, predicate: exp.Expression) -> exp.Expression | None:
+    """Move each equality ``column = column`` of a WHERE ``predicate`` between the two inputs of an inner join
+    below ``node`` (through a chain of inner joins, as ``FROM a, b, c WHERE ...`` builds them) into that
+    join's condition; the conjuncts left, in their order, or None. Why: the same rows (an inner join's
+    condition and a filter above it are one predicate), but a join that knows its equalities reads its large
+    input only where its delta's keys fall (:meth:`Inputs.keyed_post`), while ``ON TRUE`` reads all of it.
+    Columns only: an expression could fail (ANSI mode) on rows the other conjuncts would have dropped."""
+    conjuncts = list(predicate.flatten()) if isinstance(predicate, exp.And) else [predicate]
+    absorbed: set[int] = set()
+    _absorb(node, conjuncts, absorbed)
+    rest = [c for c in conjuncts if id(c) not in absorbed]
+    return exp.and_(*rest) if rest else None
+
+
+def _absorb(node: Node, conjuncts: list[exp.Expression], absorbed: set[int]) -> None:
+    if type(node) is not InnerJoin:
+        return
+    left, right = set(node.left.cols), set(node.right.cols)
+    below: dict[str, list[exp.Expression]] = {"left": [], "right": []}
+    for c in conjuncts:
+        names = {col.name for col in c.find_all(exp.Column)}
+        if names and names <= left:
+            below["left"].append(c)
+        elif names and names <= right:
+            below["right"].append(c)
+        elif (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)
+              and names <= left | right):
+            node.condition = c if node.condition is None else exp.and_(node.condition, c)
+            absorbed.add(id(c))
+    _absorb(node.left, below["left"], absorbed)
+    _absorb(node.right, below["right"], absorbed)
 
 
 @dataclass(eq=False)
