@@ -586,6 +586,7 @@ class QueryState:
     create_error: str | None = None
     diff: list[Run] = field(default_factory=list)
     full: list[Run] = field(default_factory=list)
+    auto: list[Run] = field(default_factory=list)  # with --auto: a third table, refresh_mode AUTO
     stopped: str | None = None  # why its DIFFERENTIAL table was no longer refreshed
     same: bool | None = None
     profile: list[dict[str, Any]] = field(default_factory=list)
@@ -608,6 +609,9 @@ def summarize(q: QueryState, measured_from: int) -> dict[str, Any]:
         row[f"{prefix}_actions"] = [r.action for r in runs]
         row[f"{prefix}_errors"] = [r.error for r in runs if r.error]
         row[f"{prefix}_all_wall_s"] = [r.m.wall_s for r in runs]
+    row["auto_actions"] = [r.action for r in q.auto[measured_from:]]
+    row["auto_all_wall_s"] = [r.m.wall_s for r in q.auto[measured_from:]]
+    row["auto_reasons"] = [r.reason for r in q.auto[measured_from:]]
     last = next((r for r in reversed(q.diff) if r.error is None), None)
     row["diff_apply"] = last.apply if last else None
     row["diff_reason"] = last.reason if last else None
@@ -667,6 +671,31 @@ def print_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def print_auto(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """AUTO against the faster of DIFFERENTIAL and FULL, cycle by cycle: AUTO learns (a DIFFERENTIAL refresh
+    first, then a warm FULL where it may pay), so its last cycle is its steady state."""
+    print("\n| query | AUTO actions by cycle | AUTO s (last) | DIFF s (last) | FULL s (last) | AUTO / faster |")
+    print("|---|---|---:|---:|---:|---:|")
+    worst: list[float] = []
+    for r in rows:
+        if not r["auto_actions"]:
+            continue
+        a = r["auto_all_wall_s"][-1]
+        d = r["diff_all_wall_s"][-1] if r["diff_all_wall_s"] and not r["stopped"] else None
+        f = r["full_all_wall_s"][-1] if r["full_all_wall_s"] else None
+        best = min(x for x in (d, f) if x is not None) if (d or f) else None
+        rel = a / best if best and r["worked"] else None
+        if rel is not None:
+            worst.append(rel)
+        print(f"| Q{r['query']} | {' '.join(x[:4] for x in r['auto_actions'])} | {a:.2f} | {_fmt(d)} | {_fmt(f)} | "
+              f"{_fmt(rel, '.2f', 'x')} |")
+    out = {"auto_max_over_faster": max(worst) if worst else None,
+           "auto_median_over_faster": statistics.median(worst) if worst else None}
+    print(f"\nAUTO in the last cycle over the faster mode: median {_fmt(out['auto_median_over_faster'], '.2f', 'x')}, "
+          f"worst {_fmt(out['auto_max_over_faster'], '.2f', 'x')}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sf", type=float, default=1.0, help="scale factor (default 1)")
@@ -685,6 +714,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-check", action="store_true", help="skip the DIFFERENTIAL == FULL check")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting (repeatable)")
     p.add_argument("--tag", default="", help="label stored with the results")
+    p.add_argument("--auto", action="store_true", help="also a refresh_mode AUTO table per query, refreshed every "
+                   "cycle and compared with the faster mode in the last cycle (give it 4+ cycles to learn)")
     args = p.parse_args(argv)
     wanted = [int(s) for s in args.queries.split(",") if s.strip()]
     unknown = [n for n in wanted if n not in QUERIES]
@@ -727,6 +758,8 @@ def main(argv: list[str] | None = None) -> int:
                     q.note = "; ".join(x for x in (q.note, f"not differentiable, run AUTO: {why}") if x)
                     st.create_stream_table(f"q{n:02d}_diff", sql, refresh_mode="AUTO")
                 st.create_stream_table(f"q{n:02d}_full", sql, refresh_mode="FULL")
+                if args.auto:
+                    st.create_stream_table(f"q{n:02d}_auto", sql, refresh_mode="AUTO")
             except Exception as e:  # noqa: BLE001 - reported, the other queries go on
                 q.create_error = str(e).strip().splitlines()[0][:300]
                 print(f"Q{n}: create failed: {q.create_error}", flush=True)
@@ -761,6 +794,11 @@ def main(argv: list[str] | None = None) -> int:
                                           if dd else "–")
                       + f" | FULL {f.m.wall_s:.2f} s {f.action} ({f.m.jobs} jobs, {f.cpu_s:.1f} CPU-s)"
                       + (f" ERROR {f.error}" if f.error else ""), flush=True)
+                if args.auto:
+                    a = refresh(spark, st, f"q{n:02d}_auto", 0)
+                    q.auto.append(a)
+                    print(f"  Q{n}: AUTO {a.m.wall_s:.2f} s {a.action}" + (f" ERROR {a.error}" if a.error else ""),
+                          flush=True)
 
         if not args.no_check:
             for n in live:
@@ -774,6 +812,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nTPC-H SF {args.sf:g}, churn {args.churn:.2%} of orders per cycle ({churn.n} orders), "
               f"{args.cycles} measured cycle(s) after 1 warm-up; medians")
         summary = print_table(rows)
+        if args.auto:
+            summary.update(print_auto(rows))
         for r in rows:
             if r["profile"] and (r["stopped"] or args.profile):
                 last = states[r["query"]].diff[-1].m

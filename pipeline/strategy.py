@@ -127,6 +127,13 @@ EXPLORE_BELOW = 0.5
 #: a first (cold) DIFFERENTIAL refresh slower than this many FULL refreshes is not tried again: the
 #: table's delta is plainly dearer than its query
 RETRY_BELOW_FULLS = 3.0
+#: a warm DIFFERENTIAL floor at least this share of the only FULL refresh measured (the initial population, a
+#: cold start, measured at up to 4x a warm one) gets one warm FULL measured, whatever the change ratio: on
+#: TPC-H's joins at SF 1 the floor (2.4-2.9 s) lies above a warm FULL (1.5-1.7 s) and below a cold one
+COLD_FULL_SHARE = 0.25
+#: a table AUTO keeps recomputing has its DIFFERENTIAL refresh measured again once in this many refreshes
+#: (what a delta costs changes with the table and the machine)
+REMEASURE_EVERY = 20
 
 
 @dataclass(frozen=True)
@@ -216,7 +223,16 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
     if model.full_n <= 1 and model.diff_n >= 1 and ratio > FLOOR_RATIO:
         return "FULL", (f"FULL: {ratio:.1%} of the sources changed, and this table's only FULL refresh so far was "
                         "its initial population (a cold start): one is measured to learn what FULL costs")
+    if (model.full_n == 1 and model.diff_n >= 2 and full_s is not None and model.floor_s is not None
+            and model.floor_s >= COLD_FULL_SHARE * full_s):
+        return "FULL", (f"FULL: a DIFFERENTIAL refresh of this table costs ~{model.floor_s:.2f} s, near its only "
+                        f"FULL refresh so far ({full_s:.2f} s, the initial population, a cold start): one is "
+                        "measured to learn what FULL costs")
     threshold, how = model.threshold()
+    if ratio > threshold and ratio <= EXPLORE_BELOW and (model.full_n + model.diff_n) % REMEASURE_EVERY == 0:
+        return "DIFFERENTIAL", (f"source changes applied as a delta: {ratio:.2%} of the sources changed, above "
+                                f"this table's threshold {threshold:.1%} ({how}), but a DIFFERENTIAL refresh is "
+                                f"measured again once in {REMEASURE_EVERY} refreshes")
     if ratio > threshold:
         return "FULL", (f"FULL: {ratio:.1%} of the sources changed, above this table's threshold "
                         f"{threshold:.1%} ({how})")

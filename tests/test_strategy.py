@@ -78,6 +78,27 @@ def test_auto_does_not_retry_a_delta_plainly_dearer_than_the_query() -> None:
     assert action == "FULL" and "threshold 0.0%" in reason
 
 
+def test_auto_measures_a_warm_full_when_the_floor_nears_the_cold_one() -> None:
+    """TPC-H's joins: at 0.1% change the floor (2.5 s) is above a warm FULL (1.5 s) but below the initial
+    population (4 s, cold). One warm FULL is measured, then FULL wins; a DIFFERENTIAL refresh is measured
+    again once in REMEASURE_EVERY refreshes."""
+    model = CostModel().learn("FULL", None, 4.0).learn("DIFFERENTIAL", 0.001, 3.5).learn("DIFFERENTIAL", 0.001, 2.5)
+    action, reason = strategy.auto(0.001, model)
+    assert action == "FULL" and "one is measured" in reason
+    model = model.learn("FULL", None, 1.5)
+    assert strategy.auto(0.001, model)[0] == "FULL"
+    while (model.full_n + model.diff_n) % strategy.REMEASURE_EVERY:
+        assert strategy.auto(0.001, model)[0] == "FULL"
+        model = model.learn("FULL", None, 1.5)
+    action, reason = strategy.auto(0.001, model)
+    assert action == "DIFFERENTIAL" and "measured again" in reason
+    model = model.learn("DIFFERENTIAL", 0.001, 2.5)
+    assert strategy.auto(0.001, model)[0] == "FULL"
+    # a cheap floor against the cold FULL: nothing to learn from a FULL at the floor's ratio
+    cheap = CostModel().learn("FULL", None, 4.0).learn("DIFFERENTIAL", 0.001, 1.2).learn("DIFFERENTIAL", 0.001, 0.5)
+    assert strategy.auto(0.001, cheap)[0] == "DIFFERENTIAL"
+
+
 def test_cost_model_round_trips_and_averages() -> None:
     model = CostModel().learn("FULL", None, 2.0).learn("FULL", None, 1.0)
     assert model.full_s == pytest.approx(1.0)  # the second observation replaces the cold first one
