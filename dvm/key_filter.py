@@ -39,11 +39,19 @@ class KeyFilter:
     key: str
     column: str
 
-    def keys_sql(self, index: int) -> str:
-        """One row: ``index`` and the set of distinct non-NULL keys (an equi-join never matches NULL). The
-        filters of one query are read together, ``UNION ALL`` of these: one job, which also fills the held
-        relations."""
-        return f"SELECT {index} AS i, collect_set({self.key}) AS ks FROM {self.held}"
+
+
+def keys_query(filters: Sequence[tuple[KeyFilter, str]]) -> str:
+    """One query reading the distinct non-NULL keys (an equi-join never matches NULL) of every filter, given
+    with its key's Spark type: row ``i`` holds the set of filter ``i``'s keys in the column of its type (a
+    UNION ALL coerces a column to one type, and a string is not a date). One job, which also fills the held
+    relations."""
+    kinds = sorted({t for _, t in filters})
+    rows = []
+    for i, (spec, t) in enumerate(filters):
+        sets = ", ".join(f"collect_set({spec.key})" if k == t else f"CAST(NULL AS ARRAY<{k}>)" for k in kinds)
+        rows.append(f"SELECT {i} AS i, {sets} FROM {spec.held}")
+    return " UNION ALL ".join(rows)
 
 
 def _literal(v: Any) -> str | None:

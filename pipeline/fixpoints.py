@@ -109,10 +109,14 @@ def bind(session: Any, ctx: Context, sql: str, predicates: dict[str, str]) -> st
     (``predicates`` keeps them by token)."""
     wanted = [(token, spec) for token, spec in ctx.key_filters if token in sql and token not in predicates]
     if wanted:
-        query = " UNION ALL ".join(spec.keys_sql(i) for i, (_, spec) in enumerate(wanted))
-        for row in session.sql(query).collect():
+        types = [session.sql(f"SELECT {spec.key} FROM {spec.held}").schema.fields[0].dataType.simpleString()
+                 for _, spec in wanted]  # analysis only, no job
+        kinds = sorted(set(types))
+        for row in session.sql(key_filter.keys_query([(spec, t) for (_, spec), t in zip(wanted, types, strict=True)])
+                               ).collect():
             token, spec = wanted[row[0]]
-            predicates[token] = key_filter.predicate(list(row[1]), spec.column)
+            keys = row[1 + kinds.index(types[row[0]])]
+            predicates[token] = key_filter.predicate(list(keys), spec.column)
     for token, _ in ctx.key_filters:
         if token in sql:
             sql = sql.replace(token, predicates[token])

@@ -65,6 +65,7 @@ class Inputs:
         self.nodes = nodes
         self.defs: list[tuple[str, str]] = []
         self._deltas: dict[str, str | None] = {}
+        self._held: dict[str, str] = {}  # side -> the held relation its delta's WITH query reads
         self._snapshots: dict[tuple[str, State], str] = {}
 
     def share(self, sql: str) -> str:
@@ -77,21 +78,26 @@ class Inputs:
         return f"SELECT * FROM {name}"
 
     def delta(self, side: str, hold: bool = False) -> str | None:
-        """The delta of input ``side``; ``hold``: computed before the query (the first call decides), so a key
-        filter can read its keys."""
+        """The delta of input ``side``. ``hold``: computed once before the query, so that a key filter can read
+        its keys (the WITH query every term reads it by then reads the held relation)."""
         if side not in self._deltas:
             d = self.nodes[side].delta(self.ctx)
-            self._deltas[side] = None if d is None else (
-                f"SELECT * FROM {self.ctx.hold(d)}" if hold else self.share(d))
-        return self._deltas[side]
+            self._deltas[side] = None if d is None else self.share(d)
+        ref = self._deltas[side]
+        if hold and ref is not None and side not in self._held:
+            name = ref[len("SELECT * FROM "):]
+            i = next(i for i, (n, _) in enumerate(self.defs) if n == name)
+            self._held[side] = self.ctx.hold(self.defs[i][1])
+            self.defs[i] = (name, f"SELECT * FROM {self._held[side]}")
+        return ref
 
     def keyed_post(self, side: str, by: str, condition: exp.Expression | None) -> tuple[str | None, str | None]:
-        """The post snapshot of ``side`` as the term ``Δby ⋈ side_post`` reads it, and the delta of ``by``
-        (both None when that delta is). The snapshot is filtered by the keys of the delta (then held) on the
-        condition's equalities between the two inputs when it is large and the delta small (see
-        :mod:`dvm.key_filter`)."""
+        """The post snapshot of ``side`` as a term joining it with the delta of ``by`` on ``condition`` reads
+        it, and that delta (both None when the delta is). When the snapshot is large and the delta small, the
+        delta is held and the snapshot filtered by its keys on the condition's equalities between the two
+        inputs (see :mod:`dvm.key_filter`): a row of ``side`` whose key no changed row carries joins none."""
         pairs = equi_keys(condition, self.nodes[by].cols, self.nodes[side].cols)
-        filtered = bool(pairs) and self.nodes[by].changed(self.ctx) and by not in self._deltas and (
+        filtered = bool(pairs) and self.nodes[by].changed(self.ctx) and (
             self.ctx.filters_keys(self.nodes[side].snapshot(self.ctx, "post")))
         delta = self.delta(by, hold=filtered)
         if delta is None:
@@ -99,8 +105,7 @@ class Inputs:
         post = self.snapshot(side, "post")
         if not filtered:
             return post, delta
-        held = delta[len("SELECT * FROM "):]
-        tokens = [self.ctx.key_filter(KeyFilter(held, key, column)) for key, column in pairs]
+        tokens = [self.ctx.key_filter(KeyFilter(self._held[by], key, column)) for key, column in pairs]
         self.ctx.note("key filter: a join input's post snapshot read only where the changed rows' keys fall "
                       "(" + ", ".join(column for _, column in pairs) + ")")
         return f"SELECT * FROM ({post}) __k WHERE {' AND '.join(tokens)}", delta
@@ -160,7 +165,9 @@ def affected_rows(inputs: Inputs, side: str, others: list[tuple[str, exp.Express
     the same whichever side X is. One pass over both states reads every input once: Spark inlines every
     repeated subquery, so a rule that reads an input twice doubles the plan of everything below it."""
     node = inputs.nodes[side]
-    changed = [(inputs.delta(o), cond) for o, cond in others if inputs.delta(o) is not None]
+    # (X_post as the semi-join with ΔOther reads it, ΔOther, θ): X_post filtered by ΔOther's keys when large
+    changed = [(post, d, cond) for o, cond in others for post, d in [inputs.keyed_post(side, o, cond)]
+               if d is not None]
     assert changed, "affected rows need a changed other input"
 
     def by_other(src: str, delta: str, cond: exp.Expression | None, cols: str) -> str:
@@ -169,13 +176,12 @@ def affected_rows(inputs: Inputs, side: str, others: list[tuple[str, exp.Express
 
     own_delta = inputs.delta(side)
     if own_delta is None and len(changed) == 1:  # X_pre = X_post: P is the match with ΔOther alone
-        hit = by_other(inputs.snapshot(side, "post"), *changed[0], "__a.*")  # type: ignore[misc]
+        hit = by_other(*changed[0], "__a.*")  # type: ignore[arg-type]
         return f"SELECT __h.*, __signs.{TAG} FROM ({hit}) __h CROSS JOIN {_signs(TAG)}"
     renamed = ", ".join(f"{quote(c)} AS {quote('__d_' + c)}" for c in node.cols)
     parts = [f"SELECT {renamed} FROM ({own_delta})"] if own_delta is not None else []
-    post = inputs.snapshot(side, "post")
     parts += [f"SELECT {renamed} FROM ({by_other(post, d, c, col_list(node.cols, '__a.'))})"  # type: ignore[arg-type]
-              for d, c in changed]
+              for post, d, c in changed]
     keys = f"SELECT DISTINCT * FROM ({union_all(parts)})"
     match = null_safe_match("__a", "__d", [(c, "__d_" + c) for c in node.cols])
     return f"SELECT __a.* FROM ({_tagged(inputs, side, TAG)}) __a LEFT SEMI JOIN ({keys}) __d ON {match}"

@@ -27,9 +27,9 @@ from dvm.operators.join import TAG, BinaryJoin, Inputs, affected_rows, both_stat
 def left_outer_delta(inputs: Inputs, cols: list[str], condition: exp.Expression | None) -> str | None:
     """The rule above over ``inputs`` (unwrapped): ΔL ⟕ R_post when R did not change, else the affected left
     rows of both states joined with R's rows of the same state, weighted by their state's sign."""
-    dl = inputs.delta("left")
-    if inputs.delta("right") is None:
-        return None if dl is None else join_sql(dl, inputs.snapshot("right", "post"), "LEFT OUTER", condition,
+    if inputs.delta("right") is None:  # R_post read only where ΔL's keys fall when large
+        post, dl = inputs.keyed_post("right", "left", condition)
+        return None if dl is None else join_sql(dl, post, "LEFT OUTER", condition,  # type: ignore[arg-type]
                                                 f"{col_list(cols)}, __l.{W}")
     rows = affected_rows(inputs, "left", [("right", condition)])
     return (f"SELECT {col_list(cols)}, __l.{TAG} AS {W} FROM ({rows}) __l LEFT OUTER JOIN "

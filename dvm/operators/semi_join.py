@@ -41,9 +41,9 @@ class SemiJoin(BinaryJoin):
 
     def delta_of(self, inputs: Inputs, own: str = "left", other: str = "right") -> str | None:
         """The rule over ``inputs`` (unwrapped), ``own`` naming this join's left input there."""
-        dl = inputs.delta(own)
-        if inputs.delta(other) is None:
-            return None if dl is None else join_sql(dl, inputs.snapshot(other, "post"), self.kind, self.condition,
+        if inputs.delta(other) is None:  # ΔL ⋉ R_post, R_post read only where ΔL's keys fall when large
+            post, dl = inputs.keyed_post(other, own, self.condition)
+            return None if dl is None else join_sql(dl, post, self.kind, self.condition,  # type: ignore[arg-type]
                                                     f"{col_list(self.left.cols, '__l.')}, __l.{W}")
         rows = affected_rows(inputs, own, [(other, self.condition)])
         return (f"SELECT {col_list(self.left.cols, '__l.')}, __l.{TAG} AS {W} FROM ({rows}) __l {self.kind} JOIN "
