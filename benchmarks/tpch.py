@@ -587,6 +587,7 @@ class QueryState:
     diff: list[Run] = field(default_factory=list)
     full: list[Run] = field(default_factory=list)
     auto: list[Run] = field(default_factory=list)  # with --auto: a third table, refresh_mode AUTO
+    auto_stopped: str | None = None  # why the AUTO table was no longer refreshed (its --timeout)
     stopped: str | None = None  # why its DIFFERENTIAL table was no longer refreshed
     same: bool | None = None
     profile: list[dict[str, Any]] = field(default_factory=list)
@@ -612,6 +613,7 @@ def summarize(q: QueryState, measured_from: int) -> dict[str, Any]:
     row["auto_actions"] = [r.action for r in q.auto[measured_from:]]
     row["auto_all_wall_s"] = [r.m.wall_s for r in q.auto[measured_from:]]
     row["auto_reasons"] = [r.reason for r in q.auto[measured_from:]]
+    row["auto_stopped"] = q.auto_stopped
     last = next((r for r in reversed(q.diff) if r.error is None), None)
     row["diff_apply"] = last.apply if last else None
     row["diff_reason"] = last.reason if last else None
@@ -678,6 +680,9 @@ def print_auto(rows: list[dict[str, Any]]) -> dict[str, Any]:
     print("|---|---|---:|---:|---:|---:|")
     worst: list[float] = []
     for r in rows:
+        if r["auto_stopped"]:
+            print(f"| Q{r['query']} | {r['auto_stopped']} | – | – | – | – |")
+            continue
         if not r["auto_actions"]:
             continue
         a = r["auto_all_wall_s"][-1]
@@ -794,9 +799,11 @@ def main(argv: list[str] | None = None) -> int:
                                           if dd else "–")
                       + f" | FULL {f.m.wall_s:.2f} s {f.action} ({f.m.jobs} jobs, {f.cpu_s:.1f} CPU-s)"
                       + (f" ERROR {f.error}" if f.error else ""), flush=True)
-                if args.auto:
-                    a = refresh(spark, st, f"q{n:02d}_auto", 0)
+                if args.auto and q.auto_stopped is None:
+                    a = refresh(spark, st, f"q{n:02d}_auto", args.timeout)
                     q.auto.append(a)
+                    if a.error is not None:
+                        q.auto_stopped = f"{a.action} in {label} after {a.m.wall_s:.0f} s"
                     print(f"  Q{n}: AUTO {a.m.wall_s:.2f} s {a.action}" + (f" ERROR {a.error}" if a.error else ""),
                           flush=True)
 

@@ -334,27 +334,41 @@ class Refresher:
         record = {"refresh_id": refresh_id, "frontier": post, "action": action, "name": d.name,
                   "base_frontier": base, "source_ids": ids}
         counts: dict[str, int] | None
+        learn_t0 = t0  # where the time AUTO's cost model learns from starts
+        dear: float | None = None  # AUTO's budget, when it cancelled the delta
         if action == "DIFFERENTIAL":
+            limit = self._auto_budget(d)
+            over = threading.Event()
             try:
-                counts = self._differential(d, pre, post, windows, record,  # type: ignore[arg-type]
-                                            committed.version)
+                with _cancelled_after(self.spark, limit, over):
+                    counts = self._differential(d, pre, post, windows, record,  # type: ignore[arg-type]
+                                                committed.version)
             except delta_sink.CommitLost:
                 raise
             except Exception as e:  # noqa: BLE001 - decide below whether a FULL may replace it
-                gone = _history_gone(e, d, pre, post)  # type: ignore[arg-type]
-                if gone is None and not (d.refresh_mode == "AUTO" and _is_change_feed_error(e)):
-                    raise
-                why = gone or f"change feed unreadable for the window ({_first_line(e)})"
-                if d.refresh_mode != "AUTO" or self.is_strict():
-                    mode = "strict mode" if d.refresh_mode == "AUTO" else f"refresh_mode={d.refresh_mode}"
-                    raise SourceChangedError(
-                        f"stream table {d.name}: {why}; {mode} does not fall back to FULL. To recompute it once, "
-                        f"alter it to refresh_mode='AUTO' (its next refresh falls back to FULL) or 'FULL', "
-                        "refresh, and set the mode back; to keep the history longer, VACUUM the source with a "
-                        "RETAIN longer than the refresh interval") from e
-                action, reason = "FULL", f"{why}; recomputed at the post frontier"
-                record["action"] = action
-                counts = self._full(d, post, record, committed.version, windows)
+                if over.is_set():  # AUTO's budget: a FULL at the same frontier replaces whatever it did
+                    dear = limit
+                    action = "FULL"
+                    reason = (f"{reason}; the DIFFERENTIAL refresh was cancelled after {limit:.0f} s (AUTO's "
+                              f"budget, {strategy.AUTO_BUDGET}), recomputed instead")
+                    record["action"] = action
+                    learn_t0 = time.perf_counter()  # what FULL costs, not the cancelled delta before it
+                    counts = self._full(d, post, record, committed.version, windows)
+                else:
+                    gone = _history_gone(e, d, pre, post)  # type: ignore[arg-type]
+                    if gone is None and not (d.refresh_mode == "AUTO" and _is_change_feed_error(e)):
+                        raise
+                    why = gone or f"change feed unreadable for the window ({_first_line(e)})"
+                    if d.refresh_mode != "AUTO" or self.is_strict():
+                        mode = "strict mode" if d.refresh_mode == "AUTO" else f"refresh_mode={d.refresh_mode}"
+                        raise SourceChangedError(
+                            f"stream table {d.name}: {why}; {mode} does not fall back to FULL. To recompute it once, "
+                            f"alter it to refresh_mode='AUTO' (its next refresh falls back to FULL) or 'FULL', "
+                            "refresh, and set the mode back; to keep the history longer, VACUUM the source with a "
+                            "RETAIN longer than the refresh interval") from e
+                    action, reason = "FULL", f"{why}; recomputed at the post frontier"
+                    record["action"] = action
+                    counts = self._full(d, post, record, committed.version, windows)
         else:
             counts = self._full(d, post, record, committed.version, windows,
                                 check_output=bool(replaced) or action == "REINITIALIZE")
@@ -372,8 +386,27 @@ class Refresher:
         if committed_nothing:
             soft = {"table_version": committed.version, "refresh_id": (meta or {}).get("refresh_id"),
                     "frontier": post, "base_frontier": base, "source_ids": ids}
-        self._record_ok(d, started, result, soft)
+        self._record_ok(d, started, result, soft, learn_s=time.perf_counter() - learn_t0)
+        if dear is not None:
+            self._learn_dear_delta(d, ratio, dear)
         return result
+
+    def _auto_budget(self, d: StreamTableDef) -> float | None:
+        """How long an AUTO table's DIFFERENTIAL refresh may run (see :func:`strategy.budget`); None for the
+        other modes and in strict mode, which never fall back."""
+        if d.refresh_mode != "AUTO" or self.is_strict():
+            return None
+        return strategy.budget(strategy.CostModel.from_dict(d.cost_model), self.spark.conf.get(strategy.AUTO_BUDGET, None))
+
+    def _learn_dear_delta(self, d: StreamTableDef, ratio: float | None, seconds: float) -> None:
+        """Record a cancelled DIFFERENTIAL refresh as plainly dearer than the query (its budget, and at least
+        :data:`strategy.RETRY_BELOW_FULLS` of the FULL refreshes learned, the one that replaced it included):
+        AUTO then recomputes, and does not try it again."""
+        fresh = self.catalog.get(d.name)
+        model = strategy.CostModel.from_dict(fresh.cost_model)
+        cost = max(seconds, strategy.RETRY_BELOW_FULLS * (model.full_s or 0.0))
+        fresh.cost_model = model.learn("DIFFERENTIAL", ratio if ratio is not None else 0.0, cost).to_dict()
+        self.catalog.put(fresh)
 
     def _decide(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int],
                 windows: dict[str, Window], replaced: dict[str, str],
@@ -688,7 +721,7 @@ class Refresher:
         return True
 
     def _record_ok(self, d: StreamTableDef, started: float, r: RefreshResult,
-                   soft: dict[str, Any] | None = None) -> None:
+                   soft: dict[str, Any] | None = None, learn_s: float | None = None) -> None:
         self.catalog.append_history(d.name, {
             "refresh_id": r.refresh_id, "name": d.name, "action": r.action, "reason": r.reason, "status": "OK",
             "started_at": started, "finished_at": time.time(), "duration_ms": round(r.duration_ms, 1),
@@ -700,7 +733,7 @@ class Refresher:
         fresh.frontier = r.frontier
         fresh.soft_frontier = soft
         fresh.cost_model = strategy.CostModel.from_dict(fresh.cost_model).learn(
-            r.action, r.change_ratio, r.duration_ms / 1000).to_dict()
+            r.action, r.change_ratio, learn_s if learn_s is not None else r.duration_ms / 1000).to_dict()
         if soft is None:
             fresh.last_refresh_id = r.refresh_id
         fresh.last_refresh_at = time.time()
@@ -751,6 +784,36 @@ class _Inconsistent(Exception):
     def __init__(self, message: str, path: str, version: int) -> None:
         super().__init__(message)
         self.path, self.version = path, version
+
+
+@contextmanager
+def _cancelled_after(spark: Any, seconds: float | None, fired: threading.Event) -> Iterator[None]:
+    """Cancel the Spark jobs this thread starts inside the block once ``seconds`` have passed (None: never),
+    and every half second after that until the block ends (a job started later is cancelled too), setting
+    ``fired``. A job tag, not a job group: callers (the benchmarks) may have set a group of their own."""
+    if seconds is None:
+        yield
+        return
+    sc = spark.sparkContext
+    tag = f"trickle-auto-{uuid.uuid4().hex[:12]}"
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(seconds):
+            return
+        fired.set()
+        while not done.is_set():
+            sc.cancelJobsWithTag(tag)
+            done.wait(0.5)
+
+    sc.addJobTag(tag)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        sc.removeJobTag(tag)
 
 
 def _rendered(ctx: Context, sql: str | None, record: dict[str, Any]) -> str | None:

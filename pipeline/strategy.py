@@ -132,8 +132,12 @@ RETRY_BELOW_FULLS = 3.0
 #: TPC-H's joins at SF 1 the floor (2.4-2.9 s) lies above a warm FULL (1.5-1.7 s) and below a cold one
 COLD_FULL_SHARE = 0.25
 #: a table AUTO keeps recomputing has its DIFFERENTIAL refresh measured again once in this many refreshes
-#: (what a delta costs changes with the table and the machine)
+#: (what a delta costs changes with the table and the machine), unless the delta is plainly dearer
 REMEASURE_EVERY = 20
+#: Spark conf: seconds after which AUTO cancels a DIFFERENTIAL refresh and recomputes the table in the same
+#: refresh; default :data:`RETRY_BELOW_FULLS` x this table's FULL refresh, at least :data:`BUDGET_MIN_S`
+AUTO_BUDGET = "trickle.refresh.autoBudgetSeconds"
+BUDGET_MIN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -229,7 +233,9 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
                         f"FULL refresh so far ({full_s:.2f} s, the initial population, a cold start): one is "
                         "measured to learn what FULL costs")
     threshold, how = model.threshold()
-    if ratio > threshold and ratio <= EXPLORE_BELOW and (model.full_n + model.diff_n) % REMEASURE_EVERY == 0:
+    dearer = model.floor_s is not None and full_s is not None and model.floor_s >= RETRY_BELOW_FULLS * full_s
+    if (ratio > threshold and ratio <= EXPLORE_BELOW and not dearer
+            and (model.full_n + model.diff_n) % REMEASURE_EVERY == 0):
         return "DIFFERENTIAL", (f"source changes applied as a delta: {ratio:.2%} of the sources changed, above "
                                 f"this table's threshold {threshold:.1%} ({how}), but a DIFFERENTIAL refresh is "
                                 f"measured again once in {REMEASURE_EVERY} refreshes")
@@ -238,6 +244,16 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
                         f"{threshold:.1%} ({how})")
     return "DIFFERENTIAL", (f"source changes applied as a delta: {ratio:.2%} of the sources changed, below this "
                             f"table's threshold {threshold:.1%} ({how})")
+
+
+def budget(model: CostModel, setting: str | None) -> float | None:
+    """Seconds an AUTO table's DIFFERENTIAL refresh may run before it is cancelled for a FULL one (None: no
+    limit, nothing known of FULL yet). Why: AUTO tries a delta before it knows what one costs, and a delta
+    can be dearer than the query by orders of magnitude (TPC-H Q17's correlated aggregate: minutes against
+    seconds); once cancelled, the model records the budget as its cost, so AUTO recomputes from then on."""
+    if setting:
+        return float(setting)
+    return max(BUDGET_MIN_S, RETRY_BELOW_FULLS * model.full_s) if model.full_s is not None else None
 
 
 def change_ratio(change_bytes: int, source_bytes: list[int | None]) -> float | None:

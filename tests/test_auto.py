@@ -40,3 +40,40 @@ def test_auto_recomputes_when_most_of_the_source_changed(spark: Any, st: Any, ma
     assert r.change_ratio is not None and r.change_ratio > 0.3, r
     got = sorted(tuple(x) for x in st.read(name).collect())
     assert got == sorted(tuple(x) for x in spark.sql(query).collect())
+
+
+def test_auto_cancels_a_differential_refresh_over_its_budget(spark: Any, st: Any, make_source: Any,
+                                                            unique_name: Any, monkeypatch: Any) -> None:
+    """AUTO tries a delta before it knows what one costs; one far dearer than the query (TPC-H Q17's: minutes
+    against seconds) is cancelled at the budget and the table recomputed in the same refresh, and the cost
+    model then keeps AUTO on FULL. The slowness is a real Spark job run before the delta (the budget is
+    what is tested, not a query that happens to be slow on this machine)."""
+    from pipeline.refresh import Refresher
+
+    src = make_source("budget", "id BIGINT, g INT, v INT")
+    spark.sql(f"INSERT INTO {src} SELECT id, CAST(id % 10 AS INT), 0 FROM range(1000)")
+    name = unique_name("budget_auto")
+    query = f"SELECT g, SUM(v) AS s, COUNT(*) AS n FROM {src} GROUP BY g"
+    st.create_stream_table(name, query, refresh_mode="AUTO")
+    original = Refresher._differential
+
+    def slow(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self.spark.range(0, 1 << 40).selectExpr("sum(id)").collect()  # hours, unless cancelled
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Refresher, "_differential", slow)
+    spark.conf.set("trickle.refresh.autoBudgetSeconds", "2")
+    try:
+        spark.sql(f"UPDATE {src} SET v = 1 WHERE id < 5")
+        r = st.refresh_stream_table(name)
+    finally:
+        spark.conf.unset("trickle.refresh.autoBudgetSeconds")
+    assert r.action == "FULL" and "cancelled after 2 s" in r.reason, r
+    got = sorted(tuple(x) for x in st.read(name).collect())
+    assert got == sorted(tuple(x) for x in spark.sql(query).collect())
+    monkeypatch.undo()
+    spark.sql(f"UPDATE {src} SET v = 2 WHERE id < 5")
+    r = st.refresh_stream_table(name)
+    assert r.action == "FULL" and "threshold" in r.reason, (r.reason, st.catalog.get(name).cost_model)
+    got = sorted(tuple(x) for x in st.read(name).collect())
+    assert got == sorted(tuple(x) for x in spark.sql(query).collect())
