@@ -118,7 +118,7 @@ def test_key_filtered_joins_match_the_query(spark: Any, st: Any) -> None:
     for k, v in settings.items():
         spark.conf.set(k, v)
     try:
-        run_oracle(spark, st, [A, B, C], QUERIES, cycles=min(CYCLES, 10), seed=31, views=VIEWS)
+        run_oracle(spark, st, [A, B, C], QUERIES, cycles=min(CYCLES, 8), seed=31, views=VIEWS)
         names = [s["name"] for s in st.status() if s["name"].startswith(tuple(QUERIES))]
         assert len(names) == len(QUERIES)
         for name in names:  # every join of every refresh was filtered
