@@ -124,8 +124,6 @@ def test_key_filtered_joins_match_the_query(spark: Any, st: Any) -> None:
         for name in names:  # every join of every refresh was filtered
             reasons = [h["reason"] for h in st.history(name) if h["action"] == "DIFFERENTIAL"]
             assert reasons and all("key filter" in r for r in reasons), reasons
-            if name.startswith("kf_semi_left"):  # both inputs changed: the reads at both states are filtered too
-                assert any("rows at both states" in r for r in reasons), reasons
     finally:
         for k in settings:
             spark.conf.unset(k)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-import sqlglot
 from sqlglot import exp
 
 from dvm.context import Context, State, quote
@@ -67,9 +66,6 @@ class Inputs:
         self.defs: list[tuple[str, str]] = []
         self._deltas: dict[str, str | None] = {}
         self._held: dict[str, str] = {}  # side -> the held relation its delta's WITH query reads
-        #: side -> a predicate its reads at both states take (set by :func:`affected_rows`, see
-        #: :func:`_filter_states`): only rows that can meet an affected row
-        self.state_filters: dict[str, str] = {}
         self._snapshots: dict[tuple[str, State], str] = {}
 
     def share(self, sql: str) -> str:
@@ -137,50 +133,10 @@ def _signs(column: str) -> str:
 
 def _tagged(inputs: Inputs, side: str, column: str) -> str:
     post, pre = inputs.snapshot(side, "post"), inputs.snapshot(side, "pre")
-    same = post == pre
-    if (where := inputs.state_filters.get(side)) is not None:
-        post, pre = (f"SELECT * FROM ({x}) __k WHERE {where}" for x in (post, pre))
-    if same:  # unchanged input: read it once, twice over
+    if post == pre:  # unchanged input: read it once, twice over
         return f"SELECT __x.*, __signs.{column} FROM ({post}) __x CROSS JOIN {_signs(column)}"
     return (f"SELECT *, CAST(1 AS BIGINT) AS {column} FROM ({post}) UNION ALL "
             f"SELECT *, CAST(-1 AS BIGINT) AS {column} FROM ({pre})")
-
-
-def _filter_states(inputs: Inputs, side: str, others: list[tuple[str, exp.Expression | None]]) -> None:
-    """Key filters for the reads at both states around the affected rows of ``side`` (X), set in
-    ``inputs.state_filters``. When a column c of X equals a key of every changed other input O in O's
-    condition, an affected row's c is NULL or a key of some delta: of ΔX (its own tuples) or of a ΔO (the rows
-    it matches). So X at both states is read only where c takes those values or is NULL (the affected rows
-    are matched NULL-safely), and each O at both states, which meets them on that equality, only where its
-    key does; each when its post snapshot is large (see :mod:`dvm.key_filter`)."""
-    ctx, x = inputs.ctx, inputs.nodes[side]
-    keys = [(o, {column: key for key, column in equi_keys(cond, inputs.nodes[o].cols, x.cols)}) for o, cond in others]
-    common = [c for c in keys[0][1] if all(c in k for _, k in keys)] if keys else []
-    if not common:
-        return
-    c = common[0]
-    large = {n: ctx.filters_keys(inputs.nodes[n].snapshot(ctx, "post")) for n in [side, *(o for o, _ in keys)]}
-    large.update({o: large[o] and sqlglot_column(k[c]) for o, k in keys})
-    if not any(large.values()):
-        return
-    parts = []
-    if inputs.delta(side, hold=True) is not None:
-        parts.append(f"SELECT {c} AS __kf FROM {inputs._held[side]}")
-    for o, k in keys:
-        inputs.delta(o, hold=True)
-        parts.append(f"SELECT {k[c]} AS __kf FROM {inputs._held[o]}")
-    held = "(" + " UNION ALL ".join(parts) + ") __u"
-    for n, column in [(side, c), *((o, k[c]) for o, k in keys)]:
-        if large[n]:
-            token = ctx.key_filter(KeyFilter(held, "__kf", column))
-            inputs.state_filters[n] = f"({token} OR {column} IS NULL)"
-            ctx.note(f"key filter: a join input's rows at both states read only where the affected rows' keys "
-                     f"fall ({column})")
-
-
-def sqlglot_column(sql: str) -> bool:
-    """Whether ``sql`` is a plain column (what Delta and Parquet can skip by)."""
-    return isinstance(sqlglot.parse_one(sql, read=SPARK), exp.Column)
 
 
 def both_states(inputs: Inputs, side: str) -> str:
@@ -219,7 +175,6 @@ def affected_rows(inputs: Inputs, side: str, others: list[tuple[str, exp.Express
         return f"SELECT {cols} FROM ({src}) __a LEFT SEMI JOIN ({delta}) __e ON {on}"
 
     own_delta = inputs.delta(side)
-    _filter_states(inputs, side, [(o, cond) for o, cond in others if inputs.delta(o) is not None])
     if own_delta is None and len(changed) == 1:  # X_pre = X_post: P is the match with ΔOther alone
         hit = by_other(*changed[0], "__a.*")  # type: ignore[arg-type]
         return f"SELECT __h.*, __signs.{TAG} FROM ({hit}) __h CROSS JOIN {_signs(TAG)}"
