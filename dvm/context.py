@@ -12,11 +12,16 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from dvm.key_filter import TOKEN, KeyFilter
+if TYPE_CHECKING:
+    from dvm.key_filter import KeyFilter
 
 State = Literal["pre", "post"]
+
+
+#: In rendered SQL, a key filter's predicate until the refresh executor fills it in (:meth:`Context.key_filter`)
+KEY_FILTER_TOKEN = "__trickle_keys_"
 
 
 def quote(name: str) -> str:
@@ -171,7 +176,7 @@ class Context:
         for token, s in self.key_filters:
             if s == spec:
                 return token
-        token = f"{TOKEN}{self.run_id}_{len(self.key_filters)}__"
+        token = f"{KEY_FILTER_TOKEN}{self.run_id}_{len(self.key_filters)}__"
         self.key_filters.append((token, spec))
         return token
 

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: In rendered SQL, a key filter's predicate until the refresh executor fills it in
-TOKEN = "__trickle_keys_"
+from dvm.context import sql_string
+
 #: ranges of integral or date keys in one predicate (each a pair of bounds Delta and Parquet skip by)
 MAX_RANGES = 16
 #: string keys as an IN-list of at most this many values (no distance between strings to split gaps by)
@@ -44,12 +44,13 @@ class KeyFilter:
 def keys_query(filters: Sequence[tuple[KeyFilter, str]]) -> str:
     """One query reading the distinct non-NULL keys (an equi-join never matches NULL) of every filter, given
     with its key's Spark type: row ``i`` holds the set of filter ``i``'s keys in the column of its type (a
-    UNION ALL coerces a column to one type, and a string is not a date). One job, which also fills the held
-    relations."""
+    UNION ALL coerces a column to one type, and a string is not a date), at most one more than
+    :data:`MAX_KEYS` of them (more are not used). One job, which also fills the held relations."""
     kinds = sorted({t for _, t in filters})
     rows = []
     for i, (spec, t) in enumerate(filters):
-        sets = ", ".join(f"collect_set({spec.key})" if k == t else f"CAST(NULL AS ARRAY<{k}>)" for k in kinds)
+        sets = ", ".join(f"slice(collect_set({spec.key}), 1, {MAX_KEYS + 1})" if k == t
+                         else f"CAST(NULL AS ARRAY<{k}>)" for k in kinds)
         rows.append(f"SELECT {i} AS i, {sets} FROM {spec.held}")
     return " UNION ALL ".join(rows)
 
@@ -62,7 +63,7 @@ def _literal(v: Any) -> str | None:
     if isinstance(v, datetime.date) and not isinstance(v, datetime.datetime):
         return f"DATE'{v.isoformat()}'"
     if isinstance(v, str):
-        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return sql_string(v)
     return None
 
 
