@@ -105,10 +105,10 @@ def probe(st: Any, stop: bool) -> Iterator[dict[str, Any]]:
     real_collect, real_evaluated, real_hook = delta_sink.collect, fixpoints.evaluated, r.before_commit
 
     @contextmanager
-    def evaluated(*args: Any, **kwargs: Any) -> Iterator[None]:
+    def evaluated(*args: Any, **kwargs: Any) -> Iterator[Any]:
         timing["enter"] = (time.perf_counter(), cpu_seconds(spark))
-        with real_evaluated(*args, **kwargs):
-            yield
+        with real_evaluated(*args, **kwargs) as bind:
+            yield bind
 
     def collect(*args: Any, **kwargs: Any) -> Any:
         timing.setdefault("enter", (time.perf_counter(), cpu_seconds(spark)))
