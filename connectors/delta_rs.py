@@ -94,6 +94,26 @@ def read_small(path: str, version: int, max_bytes: int, max_rows: int) -> Any | 
         return None
 
 
+def read_changes(path: str, first: int, last: int, max_rows: int) -> Any | None:
+    """The Change Data Feed of commits ``first``..``last`` as Arrow (the table's columns, then
+    ``_change_type``, ``_commit_version``, ``_commit_timestamp``, as Spark's ``table_changes`` gives them);
+    None when it holds more than ``max_rows`` rows, or when delta-rs cannot read it. The caller has checked
+    the protocol (:func:`unreadable`) and the window's bytes. Why: Spark plans a change feed as a query of its
+    own (the window's commits listed and read, its files scanned by tasks) inside every delta job; a small
+    window read here costs milliseconds. Compared with ``table_changes`` on every window of a table changed by
+    INSERT, MERGE, UPDATE, DELETE of rows, of whole partitions and of everything: the same rows."""
+    if _local(path) is None:
+        return None
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    try:
+        table = pa.table(DeltaTable(path, version=last).load_cdf(starting_version=first, ending_version=last))
+    except Exception:  # noqa: BLE001 - an optimisation only: Spark reads the change feed instead
+        return None
+    return table if table.num_rows <= max_rows else None
+
+
 def rows_with(path: str, version: int, columns: list[str], key: str, values: Any) -> Any | None:
     """``columns`` of the table's rows at ``version`` whose ``key`` is in ``values`` (an Arrow array), read
     without Spark; None when the table is not local or delta-rs cannot read it (the caller asks Spark). The

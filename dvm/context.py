@@ -124,11 +124,11 @@ class Context:
     #: (see :meth:`changes` and :meth:`table`)
     materialize_changes: bool = False
     hold_below: int = 0
-    #: the refresh executor reads a held snapshot of fewer bytes than this on the driver (delta-rs, no Spark
-    #: job and no time-travel planning; see ``pipeline.fixpoints``): holding such a snapshot saves even when
-    #: the query reads it only once, so :meth:`unshare_single_reads` keeps it held
+    #: the refresh executor reads a held snapshot or change window of fewer bytes than this on the driver
+    #: (delta-rs, no Spark job, no time-travel or change feed planning; see ``pipeline.fixpoints``): holding
+    #: such a read saves even when the query reads it only once, so :meth:`unshare_single_reads` keeps it held
     driver_below: int = 0
-    #: the held snapshots under ``driver_below`` (filled by :meth:`table`)
+    #: the held snapshots and change windows under ``driver_below`` (filled by :meth:`table` and :meth:`changes`)
     driver_held: set[str] = field(default_factory=set)
     #: a literal unique to this refresh, hashed into the ``__row_id`` of every row a plain-rows (bag) stream
     #: table gains (see :mod:`dvm.plan`): ids of rows inserted by different refreshes must not repeat, while a
@@ -213,7 +213,10 @@ class Context:
         window = f"table_changes_by_path({sql_string(ref.path)}, {ref.pre + 1}, {ref.post})"
         if not self.materialize_changes:
             return window
-        return self.fixpoint(Fixpoint([], f"{HELD_SEED}{window}", None))
+        name = self.fixpoint(Fixpoint([], f"{HELD_SEED}{window}", None))
+        if ref.change_bytes is not None and ref.change_bytes < self.driver_below:
+            self.driver_held.add(name)  # held even when read once: the driver reads it (no Spark scan)
+        return name
 
     def unshare_single_reads(self, sql: str) -> str:
         """``sql`` with every held source read (change window or small snapshot) that Spark would read only

@@ -44,6 +44,13 @@ READ_BY_DRIVER_BELOW = "trickle.refresh.readByDriverBelowBytes"
 READ_BY_DRIVER_ROWS = "trickle.refresh.readByDriverRows"
 #: a held snapshot's seed (:meth:`dvm.context.Context.table`)
 _SNAPSHOT = re.compile(re.escape(HELD_SEED) + r"delta\.`((?:[^`]|``)+)` VERSION AS OF (\d+)")
+#: a held change window's seed (:meth:`dvm.context.Context.changes`; the path as ``sql_string`` quotes it)
+_CHANGES = re.compile(re.escape(HELD_SEED) + r"table_changes_by_path\('((?:[^'\\]|\\.)*)', (\d+), (\d+)\)")
+#: the columns of Spark's ``table_changes`` a change window read on the driver adds to the table's own. Not
+#: ``_commit_timestamp``: delta-rs takes it from the commit's ``commitInfo``, Spark from the commit file's
+#: modification time (measured: 12 ms apart), and no delta rule reads it; a rule that did would fail to
+#: resolve it rather than read other values.
+_CHANGE_COLUMNS = (("_change_type", "string"), ("_commit_version", "long"))
 
 #: Settings for every session that reads loop results. A union of local checkpoints carries constraints
 #: over attributes it does not output, and Spark 4.1.1's constraint propagation then fails with
@@ -90,7 +97,7 @@ def evaluated(spark: Any, ctx: Context, conf: dict[str, str] | None = None) -> I
         for name, spec in ctx.fixpoints:
             spec = Fixpoint(spec.columns, bind(session, ctx, spec.seed, predicates),
                             None if spec.step is None else bind(session, ctx, spec.step, predicates), spec.weighted)
-            df = run(session, spec, held)
+            df = run(session, spec, held, by_driver=name in ctx.driver_held)
             view = name.split(".", 1)[1]
             df.createOrReplaceGlobalTempView(view)
             views.append(view)
@@ -123,8 +130,9 @@ def bind(session: Any, ctx: Context, sql: str, predicates: dict[str, str]) -> st
     return sql
 
 
-def run(session: Any, spec: Fixpoint, held: list[Any]) -> Any:
-    """``spec`` evaluated as a DataFrame (see :class:`dvm.context.Fixpoint`)."""
+def run(session: Any, spec: Fixpoint, held: list[Any], by_driver: bool = False) -> Any:
+    """``spec`` evaluated as a DataFrame (see :class:`dvm.context.Fixpoint`). ``by_driver``: the context
+    found the held read small enough for the driver (see :meth:`dvm.context.Context.changes`)."""
     limit = int(session.conf.get(LEVEL_LIMIT, "100"))
     cols = list(spec.columns)
 
@@ -147,6 +155,8 @@ def run(session: Any, spec: Fixpoint, held: list[Any]) -> Any:
 
     if spec.step is None and (small := _read_by_driver(session, spec.seed)) is not None:
         return small
+    if spec.step is None and by_driver and (changes := _changes_by_driver(session, spec.seed)) is not None:
+        return changes
     if spec.step is None:  # filled by the first job that reads it: no job of its own
         df = netted(spec.seed).localCheckpoint(eager=False)
         held.append(df)
@@ -235,6 +245,45 @@ def _driver_relation(session: Any, log: DeltaLog, version: int, max_bytes: int, 
         return None
     try:
         return session.createDataFrame(table.select(schema.fieldNames()), schema=schema)
+    except Exception:  # noqa: BLE001 - an optimisation only: a type Arrow hands over differently goes to Spark
+        return None
+
+
+def _changes_by_driver(session: Any, seed: str) -> Any | None:
+    """A small held change window read by delta-rs as Spark's local relation, typed as ``table_changes``
+    types it (without ``_commit_timestamp``, see :data:`_CHANGE_COLUMNS`); None when ``seed`` is not a change window, delta-rs might read it differently from Spark (its
+    protocol, CHAR columns), the schema changed inside the window, or it holds too many rows.
+
+    Why: a change window inside a delta job is a Change Data Feed query of its own for Spark to plan (the
+    window's commits listed and read, each cdc or data file a scan task). The caller's context held it only
+    when the window's files total less than ``trickle.refresh.readByDriverBelowBytes``."""
+    m = _CHANGES.fullmatch(seed)
+    max_rows = int(session.conf.get(READ_BY_DRIVER_ROWS, "100000"))
+    if m is None or max_rows <= 0:
+        return None
+    path, first, last = re.sub(r"\\(.)", r"\1", m.group(1)), int(m.group(2)), int(m.group(3))
+    log = DeltaLog(session, path)
+    if first < 1 or any(delta_rs.unreadable(log.protocol(v)) is not None for v in (first - 1, last)):
+        return None
+    meta, before = log.metadata(last), log.metadata(first - 1)
+    if meta is None or before is None or meta.schema_json != before.schema_json or '"char(' in meta.schema_json.lower():
+        return None
+    table = delta_rs.read_changes(path, first, last, max_rows)
+    if table is None:
+        return None
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType  # pure Python
+
+    schema = StructType.fromJson(json.loads(meta.schema_json))
+    for name, kind in _CHANGE_COLUMNS:
+        schema = schema.add(name, kind)
+    if not set(schema.fieldNames()) <= set(table.column_names):
+        return None
+    try:
+        arrow = to_arrow_schema(schema)
+        table = pa.Table.from_arrays([table.column(f.name).cast(f.type) for f in arrow], schema=arrow)
+        return session.createDataFrame(table, schema=schema)
     except Exception:  # noqa: BLE001 - an optimisation only: a type Arrow hands over differently goes to Spark
         return None
 
