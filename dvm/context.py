@@ -128,7 +128,9 @@ class Context:
     #: (delta-rs, no Spark job, no time-travel or change feed planning; see ``pipeline.fixpoints``): holding
     #: such a read saves even when the query reads it only once, so :meth:`unshare_single_reads` keeps it held
     driver_below: int = 0
-    #: the held snapshots and change windows under ``driver_below`` (filled by :meth:`table` and :meth:`changes`)
+    #: the same for a change window
+    changes_driver_below: int = 0
+    #: the held snapshots and change windows read on the driver (filled by :meth:`table` and :meth:`changes`)
     driver_held: set[str] = field(default_factory=set)
     #: a literal unique to this refresh, hashed into the ``__row_id`` of every row a plain-rows (bag) stream
     #: table gains (see :mod:`dvm.plan`): ids of rows inserted by different refreshes must not repeat, while a
@@ -214,7 +216,7 @@ class Context:
         if not self.materialize_changes:
             return window
         name = self.fixpoint(Fixpoint([], f"{HELD_SEED}{window}", None))
-        if ref.change_bytes is not None and ref.change_bytes < self.driver_below:
+        if ref.change_bytes is not None and ref.change_bytes < self.changes_driver_below:
             self.driver_held.add(name)  # held even when read once: the driver reads it (no Spark scan)
         return name
 

@@ -42,6 +42,9 @@ COMPACT_EVERY = 16
 #: Spark as a local relation (0: never; see :func:`_read_by_driver`).
 READ_BY_DRIVER_BELOW = "trickle.refresh.readByDriverBelowBytes"
 READ_BY_DRIVER_ROWS = "trickle.refresh.readByDriverRows"
+#: Spark conf: the same for a change window whose files total fewer bytes than this (default: the snapshots'
+#: limit; 0: never; see :func:`_changes_by_driver`)
+READ_CHANGES_BY_DRIVER_BELOW = "trickle.refresh.readChangesByDriverBelowBytes"
 #: a held snapshot's seed (:meth:`dvm.context.Context.table`)
 _SNAPSHOT = re.compile(re.escape(HELD_SEED) + r"delta\.`((?:[^`]|``)+)` VERSION AS OF (\d+)")
 #: a held change window's seed (:meth:`dvm.context.Context.changes`; the path as ``sql_string`` quotes it)
@@ -256,7 +259,7 @@ def _changes_by_driver(session: Any, seed: str) -> Any | None:
 
     Why: a change window inside a delta job is a Change Data Feed query of its own for Spark to plan (the
     window's commits listed and read, each cdc or data file a scan task). The caller's context held it only
-    when the window's files total less than ``trickle.refresh.readByDriverBelowBytes``."""
+    when the window's files total less than ``trickle.refresh.readChangesByDriverBelowBytes``."""
     m = _CHANGES.fullmatch(seed)
     max_rows = int(session.conf.get(READ_BY_DRIVER_ROWS, "100000"))
     if m is None or max_rows <= 0:

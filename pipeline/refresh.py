@@ -460,9 +460,11 @@ class Refresher:
             refs[key] = SourceRef(src.path, post[key], before, insert_only=only, sizes=sizes,
                                   change_bytes=w.change_bytes if w is not None else None)
         hold_below = int(self.spark.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
-        driver_below = min(hold_below, int(self.spark.conf.get(fixpoints.READ_BY_DRIVER_BELOW, str(1 << 20))))
+        by_driver = int(self.spark.conf.get(fixpoints.READ_BY_DRIVER_BELOW, str(1 << 20)))
         return Context(refs, target_path=d.path, materialize_changes=True, hold_below=hold_below,
-                       driver_below=driver_below,
+                       driver_below=min(hold_below, by_driver),
+                       changes_driver_below=int(self.spark.conf.get(fixpoints.READ_CHANGES_BY_DRIVER_BELOW,
+                                                                    str(by_driver))),
                        salt=salt if salt is not None else uuid.uuid4().hex, target_relation=target_relation,
                        small_delta=small_delta, float_identity=d.float_identity,
                        key_filter_above=int(self.spark.conf.get(KEY_FILTER_ABOVE, str(32 << 20))))

@@ -685,6 +685,13 @@ def test_bytes_read_counts_each_delta_file_read_once() -> None:
     ctx = Context(refs, materialize_changes=True, hold_below=1 << 20, driver_below=1 << 20, target_path="/w/st")
     sql = ctx.unshare_single_reads(plan.netted_delta_sql(ctx, ["int", "int"]) or "")
     assert ctx.bytes_read(sql) == 100
+    # and so do change windows under changes_driver_below: nothing left for Spark to read
+    ctx = Context(refs, materialize_changes=True, hold_below=1 << 20, driver_below=1 << 20,
+                  changes_driver_below=1 << 20, target_path="/w/st")
+    sql = ctx.unshare_single_reads(plan.netted_delta_sql(ctx, ["int", "int"]) or "")
+    assert ctx.bytes_read(sql) == 0
+    assert len(ctx.driver_held) == len(ctx.fixpoints) == 2 + len(
+        {v for ref in refs.values() for v in (ref.pre, ref.post)}), "every read held, for the driver"
     # a window of unknown size; the stored table read in place (the general delta of a plain-rows table
     # reads it to pick the copies it deletes)
     unknown = {"a": SourceRef("/w/a", 5, 4, sizes={4: 900, 5: 1000}), "b": refs["b"]}
