@@ -99,18 +99,22 @@ def _run_crash_test(spark: Any, broker: Any, unique_name: Any, tmp_path: Path, k
     model.snapshot(30)
     model.flush(producer)
     rounds = 0
+    produce_errors: list[BaseException] = []
 
     def produce(stop: threading.Event) -> None:
         nonlocal rounds
-        while not stop.wait(rng.uniform(0.5, 2.0)):
-            rounds += 1
-            model.round(12)
-            if rounds % 4 == 2:
-                model.garbage()
-            if rounds == 7:
-                model.truncate()
-                model.round(8)
-            model.flush(producer)
+        try:
+            while not stop.wait(rng.uniform(0.5, 2.0)):
+                rounds += 1
+                model.round(12)
+                if rounds % 4 == 2:
+                    model.garbage()
+                if rounds == 7:
+                    model.truncate()
+                    model.round(8)
+                model.flush(producer)
+        except BaseException as e:  # noqa: BLE001 - raised in the test's thread after the join
+            produce_errors.append(e)
 
     try:
         for i in range(kills):
@@ -130,6 +134,7 @@ def _run_crash_test(spark: Any, broker: Any, unique_name: Any, tmp_path: Path, k
                 _kill_group(job)
                 stop.set()
                 feeder.join()
+            assert not produce_errors, f"the producer failed: {produce_errors[0]!r}"
         assert rounds >= kills, "the producer did not run during the kills"
         # One last event, a new row: the model is then never empty, so "caught up" cannot be an empty mirror
         # before its first batch equalling an emptied model (seen: the last run's recovered batch 0, planned
@@ -139,7 +144,7 @@ def _run_crash_test(spark: Any, broker: Any, unique_name: Any, tmp_path: Path, k
         # the last run: let it catch up, then stop it as an operator would
         job = _start([sys.executable, "-m", "pipeline.cli", "run", str(conf)], log)
         try:
-            _wait_caught_up(spark, warehouse, mirror, model, totals, by_qty, job, log)
+            _wait_caught_up(spark, warehouse, mirror, model, totals, by_qty, job, log, broker)
             job.send_signal(signal.SIGTERM)
             rc = job.wait(120)
         finally:
@@ -187,7 +192,7 @@ def _check(spark: Any, st: Any, warehouse: Path, mirror: str, model: Model, tota
 
 
 def _wait_caught_up(spark: Any, warehouse: Path, mirror: str, model: Model, totals: str, by_qty: str,
-                    job: subprocess.Popen[bytes], log: Path, timeout_s: float = 240) -> None:
+                    job: subprocess.Popen[bytes], log: Path, kafka: Any, timeout_s: float = 240) -> None:
     """Poll until mirror and both stream tables are equal to the model / their queries (or fail with the
     last difference): the job is eventually consistent, and only its own log says when it is done."""
     from pipeline import StreamTables
@@ -203,7 +208,8 @@ def _wait_caught_up(spark: Any, warehouse: Path, mirror: str, model: Model, tota
         except (AssertionError, Exception) as e:  # noqa: BLE001 - tables may not exist yet
             last = e if isinstance(e, AssertionError) else AssertionError(f"{type(e).__name__}: {e}")
         time.sleep(2)
-    raise AssertionError(f"the job did not catch up in {timeout_s} s: {last}\n{_events(log)}")
+    state = "running" if kafka.is_running() else f"NOT running:\n{kafka._diagnostics()}"  # noqa: SLF001
+    raise AssertionError(f"the job did not catch up in {timeout_s} s: {last}\n{_events(log)}\nthe broker is {state}")
 
 
 def _events(log: Path, n: int = 80) -> str:

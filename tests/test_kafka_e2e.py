@@ -138,9 +138,12 @@ class Model:
                       (None, json.dumps({"op": "z", "after": {"id": 3}, "source": {}}).encode())]
 
     def flush(self, producer: Any) -> None:
-        for key, value in self.sent:
-            producer.send(self.topic, key=key, value=value)
+        """Send the events and wait for the broker to have them all: a send that failed (kafka-python's
+        ``flush`` returns either way) would leave the model ahead of the topic, and the pipeline blamed."""
+        futures = [producer.send(self.topic, key=key, value=value) for key, value in self.sent]
         producer.flush()
+        failed = [f.exception for f in futures if f.failed()]
+        assert not failed, f"{len(failed)} of {len(futures)} events were not delivered to Kafka: {failed[0]!r}"
         self.sent.clear()
 
 
