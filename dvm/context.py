@@ -124,11 +124,11 @@ class Context:
     #: (see :meth:`changes` and :meth:`table`)
     materialize_changes: bool = False
     hold_below: int = 0
-    #: the refresh executor reads a held snapshot or change window of fewer bytes than this on the driver
-    #: (delta-rs, no Spark job, no time-travel or change feed planning; see ``pipeline.fixpoints``): holding
-    #: such a read saves even when the query reads it only once, so :meth:`unshare_single_reads` keeps it held
+    #: the refresh executor reads a held snapshot of fewer bytes than this on the driver (delta-rs, no Spark
+    #: job and no time-travel planning; see ``pipeline.fixpoints``): holding such a read saves even when the
+    #: query reads it only once, so :meth:`unshare_single_reads` keeps it held
     driver_below: int = 0
-    #: the same for a change window
+    #: the same for a change window (no change feed planning, no scan of its files)
     changes_driver_below: int = 0
     #: the held snapshots and change windows read on the driver (filled by :meth:`table` and :meth:`changes`)
     driver_held: set[str] = field(default_factory=set)

@@ -28,7 +28,7 @@ from functools import reduce
 from typing import Any
 
 from connectors import delta_rs
-from connectors.delta_log import DeltaLog
+from connectors.delta_log import DeltaLog, TableMeta
 from dvm import key_filter
 from dvm.context import HELD_SEED, PREV, Context, Fixpoint, quote
 from pipeline.errors import RefreshError
@@ -230,14 +230,20 @@ def _read_by_driver(session: Any, seed: str) -> Any | None:
     return df
 
 
-def _driver_relation(session: Any, log: DeltaLog, version: int, max_bytes: int, max_rows: int) -> Any | None:
-    """The snapshot of ``log``'s table at ``version`` read by delta-rs, as a Spark relation (see
-    :func:`_read_by_driver`)."""
+def _read_like_spark(log: DeltaLog, version: int) -> TableMeta | None:
+    """The table's metadata at ``version`` when delta-rs reads that version as Spark would; None when it might
+    not (a reader feature such as deletion vectors or column mapping, or a ``CHAR(n)`` column, which Spark pads
+    on read while the files hold it unpadded) or the version is unknown."""
     if delta_rs.unreadable(log.protocol(version)) is not None:
         return None
     meta = log.metadata(version)
-    if meta is not None and '"char(' in meta.schema_json.lower():
-        return None  # Spark pads CHAR(n) values on read; the files hold them unpadded
+    return None if meta is None or '"char(' in meta.schema_json.lower() else meta
+
+
+def _driver_relation(session: Any, log: DeltaLog, version: int, max_bytes: int, max_rows: int) -> Any | None:
+    """The snapshot of ``log``'s table at ``version`` read by delta-rs, as a Spark relation (see
+    :func:`_read_by_driver`)."""
+    meta = _read_like_spark(log, version)
     table = delta_rs.read_small(log.path, version, max_bytes, max_rows) if meta is not None else None
     if table is None or meta is None:
         return None
@@ -254,8 +260,9 @@ def _driver_relation(session: Any, log: DeltaLog, version: int, max_bytes: int, 
 
 def _changes_by_driver(session: Any, seed: str) -> Any | None:
     """A small held change window read by delta-rs as Spark's local relation, typed as ``table_changes``
-    types it (without ``_commit_timestamp``, see :data:`_CHANGE_COLUMNS`); None when ``seed`` is not a change window, delta-rs might read it differently from Spark (its
-    protocol, CHAR columns), the schema changed inside the window, or it holds too many rows.
+    types it (without ``_commit_timestamp``, see :data:`_CHANGE_COLUMNS`); None when ``seed`` is not a change
+    window, delta-rs might read it differently from Spark (:func:`_read_like_spark`), the schema changed inside
+    the window, or it holds too many rows.
 
     Why: a change window inside a delta job is a Change Data Feed query of its own for Spark to plan (the
     window's commits listed and read, each cdc or data file a scan task). The caller's context held it only
@@ -266,10 +273,10 @@ def _changes_by_driver(session: Any, seed: str) -> Any | None:
         return None
     path, first, last = re.sub(r"\\(.)", r"\1", m.group(1)), int(m.group(2)), int(m.group(3))
     log = DeltaLog(session, path)
-    if first < 1 or any(delta_rs.unreadable(log.protocol(v)) is not None for v in (first - 1, last)):
+    if first < 1:
         return None
-    meta, before = log.metadata(last), log.metadata(first - 1)
-    if meta is None or before is None or meta.schema_json != before.schema_json or '"char(' in meta.schema_json.lower():
+    meta, before = _read_like_spark(log, last), _read_like_spark(log, first - 1)
+    if meta is None or before is None or meta.schema_json != before.schema_json:
         return None
     table = delta_rs.read_changes(path, first, last, max_rows)
     if table is None:
