@@ -67,6 +67,8 @@ class Inputs:
         self._deltas: dict[str, str | None] = {}
         self._held: dict[str, str] = {}  # side -> the held relation its delta's WITH query reads
         self._snapshots: dict[tuple[str, State], str] = {}
+        #: set by :func:`affected_rows`: the input whose rows it selected, and the other inputs whose delta did
+        self._affected: tuple[str, list[str]] | None = None
 
     def share(self, sql: str) -> str:
         """A query reading ``sql`` through a name of this WITH clause."""
@@ -110,6 +112,58 @@ class Inputs:
                       "(" + ", ".join(column for _, column in pairs) + ")")
         return f"SELECT * FROM ({post}) __k WHERE {' AND '.join(tokens)}", delta
 
+    def _token(self, held_side: str, key: str, column: str) -> str:
+        """A key filter on ``column`` by the values ``key`` takes in the held delta of ``held_side``."""
+        self.delta(held_side, hold=True)
+        return self.ctx.key_filter(KeyFilter(self._held[held_side], key, column))
+
+    def affected_filter(self, side: str, others: list[tuple[str, exp.Expression | None]]) -> str | None:
+        """A predicate over ``side``'s columns true for every row :func:`affected_rows` can select from either
+        snapshot, when that snapshot is large and the deltas small (None otherwise: read it whole). An affected
+        row's tuple is in ΔX, or it meets a row of some ΔOther under that input's condition, so its column
+        ``c`` of an equality ``c = b`` with each changed other takes one of ΔOther's values of ``b``, one of
+        ΔX's values of ``c``, or NULL (a NULL-keyed tuple of ΔX is affected too)."""
+        node = self.nodes[side]
+        if not self.ctx.filters_keys(node.snapshot(self.ctx, "post")):
+            return None
+        terms, column = [], None
+        for o, cond in others:
+            if self.delta(o) is None:
+                continue
+            pairs = equi_keys(cond, self.nodes[o].cols, node.cols)
+            if not pairs:
+                return None
+            key, col = pairs[0]
+            terms.append(self._token(o, key, col))
+            column = column or col
+        if column is None:
+            return None
+        if self.delta(side) is not None:
+            terms.append(self._token(side, column, column))
+        self.ctx.note("key filter: the rows a change affects read at both states only where the changed rows' "
+                      f"keys fall ({column})")
+        return "(" + " OR ".join([*terms, f"{column} IS NULL"]) + ")"
+
+    def partner_filter(self, side: str, condition: exp.Expression | None) -> str | None:
+        """A predicate over ``side``'s columns true for every row meeting, under ``condition``'s equalities, an
+        affected row of the input :func:`affected_rows` selected from (None: read it whole). That row's tuple is
+        in ΔX, or meets a row of Δ``side`` (when ``side`` is the only other input that changed), so a partner's
+        column ``b`` of an equality ``a = b`` holds ``a`` of some row of ΔX or ``b`` of some row of Δ``side``;
+        NULL meets nothing."""
+        if self._affected is None:
+            return None
+        x, changed = self._affected
+        if not set(changed) <= {side} or not self.ctx.filters_keys(self.nodes[side].snapshot(self.ctx, "post")):
+            return None
+        pairs = equi_keys(condition, self.nodes[x].cols, self.nodes[side].cols)
+        if not pairs:
+            return None
+        a, b = pairs[0]
+        terms = [self._token(s, k, b) for s, k in ((side, b), (x, a)) if self.delta(s) is not None]
+        self.ctx.note("key filter: the partners of the rows a change affects read at both states only where "
+                      f"those rows' keys fall ({b})")
+        return "(" + " OR ".join(terms) + ")"
+
     def snapshot(self, side: str, state: State) -> str:
         if (side, state) not in self._snapshots:
             self._snapshots[(side, state)] = self.share(self.nodes[side].snapshot(self.ctx, state))
@@ -131,17 +185,22 @@ def _signs(column: str) -> str:
     return f"(VALUES (CAST(1 AS BIGINT)), (CAST(-1 AS BIGINT))) AS __signs({column})"
 
 
-def _tagged(inputs: Inputs, side: str, column: str) -> str:
+def _tagged(inputs: Inputs, side: str, column: str, where: str | None = None) -> str:
+    """Both snapshots of ``side`` tagged by ``column``, each read only where ``where`` holds when given."""
     post, pre = inputs.snapshot(side, "post"), inputs.snapshot(side, "pre")
-    if post == pre:  # unchanged input: read it once, twice over
+    same = post == pre
+    if where is not None:
+        post, pre = (f"SELECT * FROM ({s}) __k WHERE {where}" for s in (post, pre))
+    if same:  # unchanged input: read it once, twice over
         return f"SELECT __x.*, __signs.{column} FROM ({post}) __x CROSS JOIN {_signs(column)}"
     return (f"SELECT *, CAST(1 AS BIGINT) AS {column} FROM ({post}) UNION ALL "
             f"SELECT *, CAST(-1 AS BIGINT) AS {column} FROM ({pre})")
 
 
-def both_states(inputs: Inputs, side: str) -> str:
-    """All rows of the input ``side`` at both frontiers, tagged ``__sb`` = +1 (post) / -1 (pre)."""
-    return _tagged(inputs, side, OTHER_TAG)
+def both_states(inputs: Inputs, side: str, condition: exp.Expression | None) -> str:
+    """The rows of the input ``side`` at both frontiers, tagged ``__sb`` = +1 (post) / -1 (pre), that may meet
+    the affected rows under ``condition``: all of them, or those a key filter keeps (:meth:`Inputs.partner_filter`)."""
+    return _tagged(inputs, side, OTHER_TAG, inputs.partner_filter(side, condition))
 
 
 def tagged_condition(condition: exp.Expression | None) -> str:
@@ -175,6 +234,7 @@ def affected_rows(inputs: Inputs, side: str, others: list[tuple[str, exp.Express
         return f"SELECT {cols} FROM ({src}) __a LEFT SEMI JOIN ({delta}) __e ON {on}"
 
     own_delta = inputs.delta(side)
+    inputs._affected = (side, [o for o, _ in others if inputs.delta(o) is not None])
     if own_delta is None and len(changed) == 1:  # X_pre = X_post: P is the match with ΔOther alone
         hit = by_other(*changed[0], "__a.*")  # type: ignore[arg-type]
         return f"SELECT __h.*, __signs.{TAG} FROM ({hit}) __h CROSS JOIN {_signs(TAG)}"
@@ -184,7 +244,8 @@ def affected_rows(inputs: Inputs, side: str, others: list[tuple[str, exp.Express
               for post, d, c in changed]
     keys = f"SELECT DISTINCT * FROM ({union_all(parts)})"
     match = null_safe_match("__a", "__d", [(c, "__d_" + c) for c in node.cols])
-    return f"SELECT __a.* FROM ({_tagged(inputs, side, TAG)}) __a LEFT SEMI JOIN ({keys}) __d ON {match}"
+    tagged = _tagged(inputs, side, TAG, inputs.affected_filter(side, others))
+    return f"SELECT __a.* FROM ({tagged}) __a LEFT SEMI JOIN ({keys}) __d ON {match}"
 
 
 @dataclass(eq=False)

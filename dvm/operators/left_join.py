@@ -33,7 +33,7 @@ def left_outer_delta(inputs: Inputs, cols: list[str], condition: exp.Expression 
                                                 f"{col_list(cols)}, __l.{W}")
     rows = affected_rows(inputs, "left", [("right", condition)])
     return (f"SELECT {col_list(cols)}, __l.{TAG} AS {W} FROM ({rows}) __l LEFT OUTER JOIN "
-            f"({both_states(inputs, 'right')}) __r ON {tagged_condition(condition)}")
+            f"({both_states(inputs, 'right', condition)}) __r ON {tagged_condition(condition)}")
 
 
 @dataclass(eq=False)

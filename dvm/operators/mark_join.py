@@ -69,7 +69,7 @@ class MarkJoin(Node):
             prefix = f"__k{i}_"
             renamed = ", ".join(f"__l.{quote(c)} AS {quote(prefix + c)}" for c in keyed)
             if state is None:
-                right, on = both_states(inputs, f"r{i}"), tagged_condition(m.condition)
+                right, on = both_states(inputs, f"r{i}", m.condition), tagged_condition(m.condition)
             else:
                 right, on = inputs.snapshot(f"r{i}", state), m.on_sql()
             hits = f"SELECT DISTINCT {renamed}, TRUE AS __hit FROM ({rows}) __l LEFT SEMI JOIN ({right}) __r ON {on}"

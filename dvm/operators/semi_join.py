@@ -47,7 +47,7 @@ class SemiJoin(BinaryJoin):
                                                     f"{col_list(self.left.cols, '__l.')}, __l.{W}")
         rows = affected_rows(inputs, own, [(other, self.condition)])
         return (f"SELECT {col_list(self.left.cols, '__l.')}, __l.{TAG} AS {W} FROM ({rows}) __l {self.kind} JOIN "
-                f"({both_states(inputs, other)}) __r ON {tagged_condition(self.condition)}")
+                f"({both_states(inputs, other, self.condition)}) __r ON {tagged_condition(self.condition)}")
 
     def delta(self, ctx: Context) -> str | None:
         inputs = self.inputs(ctx)
