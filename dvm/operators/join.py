@@ -187,14 +187,31 @@ def _signs(column: str) -> str:
 
 def _tagged(inputs: Inputs, side: str, column: str, where: str | None = None) -> str:
     """Both snapshots of ``side`` tagged by ``column``, each read only where ``where`` holds when given."""
-    post, pre = inputs.snapshot(side, "post"), inputs.snapshot(side, "pre")
-    same = post == pre
-    if where is not None:
-        post, pre = (f"SELECT * FROM ({s}) __k WHERE {where}" for s in (post, pre))
+    same = not inputs.nodes[side].changed(inputs.ctx)
+    post = inputs.snapshot(side, "post")
+    if where is not None:  # no pre snapshot read (see _pre_from_post)
+        post = f"SELECT * FROM ({post}) __k WHERE {where}"
+        pre = post if same else _pre_from_post(inputs, side, post, where)
+    else:
+        pre = inputs.snapshot(side, "pre")
     if same:  # unchanged input: read it once, twice over
         return f"SELECT __x.*, __signs.{column} FROM ({post}) __x CROSS JOIN {_signs(column)}"
     return (f"SELECT *, CAST(1 AS BIGINT) AS {column} FROM ({post}) UNION ALL "
             f"SELECT *, CAST(-1 AS BIGINT) AS {column} FROM ({pre})")
+
+
+def _pre_from_post(inputs: Inputs, side: str, post: str, where: str) -> str:
+    """X_pre where ``where`` holds, as the bag X_post − ΔX over those rows (``post`` is X_post filtered so):
+    netted per tuple and expanded back to copies. Why not read X_pre: a Delta snapshot at an older version
+    is built again for every query (its log replayed, its file list cached by a Spark job, another job to
+    skip files by the key filter), while X_post is shared with the rest of the refresh and ΔX is held."""
+    d = inputs.delta(side)
+    assert d is not None, "a changed input has a delta"
+    cols = col_list(inputs.nodes[side].cols)
+    body = (f"SELECT {cols}, CAST(1 AS BIGINT) AS {W} FROM ({post}) __p UNION ALL "
+            f"SELECT {cols}, -{W} AS {W} FROM ({d}) __k WHERE {where}")
+    netted = f"SELECT {cols}, SUM({W}) AS {W} FROM ({body}) GROUP BY {cols} HAVING SUM({W}) > 0"
+    return f"SELECT {cols} FROM ({netted}) __n LATERAL VIEW explode(sequence(1, {W})) __copies AS __copy"
 
 
 def both_states(inputs: Inputs, side: str, condition: exp.Expression | None) -> str:
