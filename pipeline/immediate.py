@@ -28,12 +28,15 @@ def start_immediate(st: StreamTables, name: str, trigger_seconds: float = 0.5) -
     streams = []
     for key, src in d.sources.items():
         reader = spark.readStream.format("delta").option("readChangeFeed", "true")
+        # A version number, never "latest": the query resolves "latest" only once it runs, after start()
+        # returned, and a commit made in between would then never trigger a refresh (seen under load: the
+        # stream table stayed stale). Starting at the frontier's own version costs one NO_DATA refresh.
+        # A restart from the checkpoint ignores this.
         start = frontier.get(key)
         latest = DeltaLog(spark, src.path).latest_version()
-        if start is None or latest is None or start >= latest:
-            reader = reader.option("startingVersion", "latest")
-        else:
-            reader = reader.option("startingVersion", str(start + 1))
+        first = start + 1 if start is not None and latest is not None and start < latest else (
+            start if start is not None else latest)
+        reader = reader.option("startingVersion", "latest" if first is None else str(first))
         streams.append(reader.load(src.path).selectExpr(f"'{key}' AS source", "_commit_version"))
     union = streams[0]
     for s in streams[1:]:
