@@ -221,7 +221,7 @@ def _read_by_driver(session: Any, seed: str) -> Any | None:
             if (hit := _DRIVER_READS.get(key)) is not None:
                 _DRIVER_READS.move_to_end(key)
                 return hit
-    df = _driver_relation(session, log, version, max_bytes, max_rows)
+    df = driver_relation(session, log, version, max_bytes, max_rows)
     if df is not None and signature is not None:
         with _DRIVER_READS_LOCK:
             _DRIVER_READS[key] = df
@@ -240,7 +240,7 @@ def _read_like_spark(log: DeltaLog, version: int) -> TableMeta | None:
     return None if meta is None or '"char(' in meta.schema_json.lower() else meta
 
 
-def _driver_relation(session: Any, log: DeltaLog, version: int, max_bytes: int, max_rows: int) -> Any | None:
+def driver_relation(session: Any, log: DeltaLog, version: int, max_bytes: int, max_rows: int) -> Any | None:
     """The snapshot of ``log``'s table at ``version`` read by delta-rs, as a Spark relation (see
     :func:`_read_by_driver`)."""
     meta = _read_like_spark(log, version)
