@@ -22,7 +22,7 @@ from sqlglot import exp
 from dvm.context import Context, State, quote
 from dvm.dialect import SPARK
 from dvm.key_filter import KeyFilter
-from dvm.operators.base import Node, W, col_list, consolidate, null_safe_match, union_all
+from dvm.operators.base import Node, W, col_list, consolidate, null_safe_match, pre_from_post, union_all
 
 _NAMES = itertools.count(1)
 
@@ -189,9 +189,9 @@ def _tagged(inputs: Inputs, side: str, column: str, where: str | None = None) ->
     """Both snapshots of ``side`` tagged by ``column``, each read only where ``where`` holds when given."""
     same = not inputs.nodes[side].changed(inputs.ctx)
     post = inputs.snapshot(side, "post")
-    if where is not None:  # no pre snapshot read (see _pre_from_post)
+    if where is not None:  # no pre snapshot read (see base.pre_from_post)
         post = f"SELECT * FROM ({post}) __k WHERE {where}"
-        pre = post if same else _pre_from_post(inputs, side, post, where)
+        pre = post if same else pre_from_post(post, _changed_delta(inputs, side), inputs.nodes[side].cols, where)
     else:
         pre = inputs.snapshot(side, "pre")
     if same:  # unchanged input: read it once, twice over
@@ -200,18 +200,10 @@ def _tagged(inputs: Inputs, side: str, column: str, where: str | None = None) ->
             f"SELECT *, CAST(-1 AS BIGINT) AS {column} FROM ({pre})")
 
 
-def _pre_from_post(inputs: Inputs, side: str, post: str, where: str) -> str:
-    """X_pre where ``where`` holds, as the bag X_post − ΔX over those rows (``post`` is X_post filtered so):
-    netted per tuple and expanded back to copies. Why not read X_pre: a Delta snapshot at an older version
-    is built again for every query (its log replayed, its file list cached by a Spark job, another job to
-    skip files by the key filter), while X_post is shared with the rest of the refresh and ΔX is held."""
+def _changed_delta(inputs: Inputs, side: str) -> str:
     d = inputs.delta(side)
     assert d is not None, "a changed input has a delta"
-    cols = col_list(inputs.nodes[side].cols)
-    body = (f"SELECT {cols}, CAST(1 AS BIGINT) AS {W} FROM ({post}) __p UNION ALL "
-            f"SELECT {cols}, -{W} AS {W} FROM ({d}) __k WHERE {where}")
-    netted = f"SELECT {cols}, SUM({W}) AS {W} FROM ({body}) GROUP BY {cols} HAVING SUM({W}) > 0"
-    return f"SELECT {cols} FROM ({netted}) __n LATERAL VIEW explode(sequence(1, {W})) __copies AS __copy"
+    return d
 
 
 def both_states(inputs: Inputs, side: str, condition: exp.Expression | None) -> str:
