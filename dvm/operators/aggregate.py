@@ -7,8 +7,7 @@ Delta rules.
   Δγ = γ(σ_G child_post) − γ(σ_G child_pre),  G = group keys occurring in Δchild,
   netted per output row, so a group whose values did not change drops out (a scalar subquery's global
   aggregate that kept its value changes nothing above it). When the child's snapshot is large and its delta
-  small, Δchild is held, the rescan reads child_post only where its keys fall (:mod:`dvm.key_filter`), and
-  σ_G child_pre is that minus Δchild (:func:`~dvm.operators.base.pre_from_post`): no older snapshot is read.
+  small, Δchild is held and the rescan reads both snapshots only where its keys fall (:mod:`dvm.key_filter`).
   A global aggregate (no GROUP BY) always has exactly one group. Any deterministic aggregate function
   works here, since Spark evaluates it on both snapshots.
 * At the top of a stream table the group's state is stored in hidden columns of the stream table, and each
@@ -39,7 +38,7 @@ from dvm.context import Context, State, quote
 from dvm.dialect import SPARK
 from dvm.key_filter import KeyFilter
 from dvm.operators.aggregates import AggCall, share_states
-from dvm.operators.base import Node, consolidate, null_safe_match, pre_from_post, union_all
+from dvm.operators.base import Node, consolidate, null_safe_match, union_all
 
 #: one branch of an aggregate: (grouping-set ordinal or None for a plain GROUP BY, indexes of its groups)
 Branch = tuple[int | None, tuple[int, ...]]
@@ -145,8 +144,7 @@ class Aggregate(Node):
     def key_filtered(self, ctx: Context, d: str) -> tuple[str, str] | None:
         """(ΔChild held, a predicate over the child's columns true for every row of an affected group) when
         the child's snapshot is large and the delta small: the group rescan then reads the child only where
-        the changed rows' keys fall (see :mod:`dvm.key_filter`), at the post state, and derives the pre state
-        from it and ΔChild (:func:`~dvm.operators.base.pre_from_post`). None: read both snapshots whole.
+        the changed rows' keys fall (see :mod:`dvm.key_filter`), at both states. None: read them whole.
         Plain GROUP BY only, keyed by its first key that is a column of the child (NULL is a group too)."""
         if self.sets is not None or self.is_global:
             return None
@@ -170,16 +168,9 @@ class Aggregate(Node):
         parts = []
         for state, sign in (("post", 1), ("pre", -1)):
             select = self.group_select() if distinct else self._select
-            if filtered is None:
-                part = self.restricted(ctx, state, keys, select)
-            else:  # both states from the filtered post snapshot (no older Delta snapshot read)
-                held, where = filtered
-
-                def read(child: str, state: State = state, held: str = held, where: str = where) -> str:
-                    post = f"SELECT * FROM ({child}) __f WHERE {where}"
-                    return post if state == "post" else pre_from_post(post, held, self.child.cols, where)
-
-                part = self.restricted(ctx, "post", keys, select, pre=read)
+            where = None if filtered is None else filtered[1]
+            part = self.restricted(ctx, state, keys, select,
+                                   pre=None if where is None else lambda c, w=where: f"SELECT * FROM ({c}) __f WHERE {w}")
             if self.is_global:
                 # only when something changed; the single group always exists on both sides
                 part = f"SELECT * FROM ({part}) WHERE EXISTS ({keys})"

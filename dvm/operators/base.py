@@ -84,19 +84,6 @@ def consolidate(sql: str, cols: list[str]) -> str:
     return f"SELECT {group}, SUM({W}) AS {W} FROM ({sql}) GROUP BY {group} HAVING SUM({W}) <> 0"
 
 
-def pre_from_post(post: str, delta: str, cols: list[str], where: str) -> str:
-    """The rows of an input's pre state where ``where`` holds, as the bag X_post − ΔX over those rows (``post``:
-    X_post filtered by ``where``; ``delta``: ΔX with weights ``__w``), netted per tuple and expanded back to
-    copies. Why not read X_pre: a Delta snapshot at an older version is built again for every query (its log
-    replayed, its file list cached by a Spark job, another job to skip files by a key filter), while X_post
-    is shared with the rest of the refresh and a small ΔX is held."""
-    names = col_list(cols)
-    body = (f"SELECT {names}, CAST(1 AS BIGINT) AS {W} FROM ({post}) __p UNION ALL "
-            f"SELECT {names}, -{W} AS {W} FROM ({delta}) __k WHERE {where}")
-    netted = f"SELECT {names}, SUM({W}) AS {W} FROM ({body}) GROUP BY {names} HAVING SUM({W}) > 0"
-    return f"SELECT {names} FROM ({netted}) __n LATERAL VIEW explode(sequence(1, {W})) __copies AS __copy"
-
-
 def union_all(parts: list[str]) -> str | None:
     parts = [p for p in parts if p]
     if not parts:

@@ -22,7 +22,7 @@ from sqlglot import exp
 from dvm.context import Context, State, quote
 from dvm.dialect import SPARK
 from dvm.key_filter import KeyFilter
-from dvm.operators.base import Node, W, col_list, consolidate, null_safe_match, pre_from_post, union_all
+from dvm.operators.base import Node, W, col_list, consolidate, null_safe_match, union_all
 
 _NAMES = itertools.count(1)
 
@@ -188,22 +188,13 @@ def _signs(column: str) -> str:
 def _tagged(inputs: Inputs, side: str, column: str, where: str | None = None) -> str:
     """Both snapshots of ``side`` tagged by ``column``, each read only where ``where`` holds when given."""
     same = not inputs.nodes[side].changed(inputs.ctx)
-    post = inputs.snapshot(side, "post")
-    if where is not None:  # no pre snapshot read (see base.pre_from_post)
-        post = f"SELECT * FROM ({post}) __k WHERE {where}"
-        pre = post if same else pre_from_post(post, _changed_delta(inputs, side), inputs.nodes[side].cols, where)
-    else:
-        pre = inputs.snapshot(side, "pre")
+    post, pre = inputs.snapshot(side, "post"), inputs.snapshot(side, "post" if same else "pre")
+    if where is not None:
+        post, pre = (f"SELECT * FROM ({s}) __k WHERE {where}" for s in (post, pre))
     if same:  # unchanged input: read it once, twice over
         return f"SELECT __x.*, __signs.{column} FROM ({post}) __x CROSS JOIN {_signs(column)}"
     return (f"SELECT *, CAST(1 AS BIGINT) AS {column} FROM ({post}) UNION ALL "
             f"SELECT *, CAST(-1 AS BIGINT) AS {column} FROM ({pre})")
-
-
-def _changed_delta(inputs: Inputs, side: str) -> str:
-    d = inputs.delta(side)
-    assert d is not None, "a changed input has a delta"
-    return d
 
 
 def both_states(inputs: Inputs, side: str, condition: exp.Expression | None) -> str:
