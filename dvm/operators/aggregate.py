@@ -6,8 +6,7 @@ Delta rules.
   child's delta are recomputed from both snapshots and subtracted,
   Δγ = γ(σ_G child_post) − γ(σ_G child_pre),  G = group keys occurring in Δchild,
   netted per output row, so a group whose values did not change drops out (a scalar subquery's global
-  aggregate that kept its value changes nothing above it). When the child's snapshot is large and its delta
-  small, Δchild is held and the rescan reads both snapshots only where its keys fall (:mod:`dvm.key_filter`).
+  aggregate that kept its value changes nothing above it).
   A global aggregate (no GROUP BY) always has exactly one group. Any deterministic aggregate function
   works here, since Spark evaluates it on both snapshots.
 * At the top of a stream table the group's state is stored in hidden columns of the stream table, and each
@@ -36,7 +35,6 @@ from sqlglot import exp
 
 from dvm.context import Context, State, quote
 from dvm.dialect import SPARK
-from dvm.key_filter import KeyFilter
 from dvm.operators.aggregates import AggCall, share_states
 from dvm.operators.base import Node, consolidate, null_safe_match, union_all
 
@@ -97,10 +95,9 @@ class Aggregate(Node):
         _, idx = branch
         return "PARTITION BY " + ", ".join(self.groups[i][1].sql(SPARK) for i in idx) if idx else ""
 
-    def affected_keys(self, ctx: Context, d: str | None = None) -> str | None:
-        """Distinct group keys occurring in the child's delta ``d`` (default: rendered here), named like the
-        key columns."""
-        d = self.child.delta(ctx) if d is None else d
+    def affected_keys(self, ctx: Context) -> str | None:
+        """Distinct group keys occurring in the child's delta (named like the key columns)."""
+        d = self.child.delta(ctx)
         if d is None:
             return None
         if self.is_global:
@@ -141,36 +138,14 @@ class Aggregate(Node):
         assert out is not None
         return out
 
-    def key_filtered(self, ctx: Context, d: str) -> tuple[str, str] | None:
-        """(ΔChild held, a predicate over the child's columns true for every row of an affected group) when
-        the child's snapshot is large and the delta small: the group rescan then reads the child only where
-        the changed rows' keys fall (see :mod:`dvm.key_filter`), at both states. None: read them whole.
-        Plain GROUP BY only, keyed by its first key that is a column of the child (NULL is a group too)."""
-        if self.sets is not None or self.is_global:
-            return None
-        cols = [e.name for _, e in self.groups if isinstance(e, exp.Column) and e.name in self.child.cols]
-        if not cols or not ctx.filters_keys(self.child.snapshot(ctx, "post")):
-            return None
-        held = ctx.hold(d)
-        col = quote(cols[0])
-        token = ctx.key_filter(KeyFilter(held, col, col))
-        ctx.note(f"key filter: the groups a change affects rescanned only where the changed rows' keys fall ({col})")
-        return f"SELECT * FROM {held}", f"({token} OR {col} IS NULL)"
-
     def delta(self, ctx: Context) -> str | None:
-        d = self.child.delta(ctx)
-        if d is None:
+        keys = self.affected_keys(ctx)
+        if keys is None:
             return None
-        filtered = self.key_filtered(ctx, d)
-        keys = self.affected_keys(ctx, d if filtered is None else filtered[0])
-        assert keys is not None
         distinct = not self.aggs and self.groups and self.sets is None
         parts = []
         for state, sign in (("post", 1), ("pre", -1)):
-            select = self.group_select() if distinct else self._select
-            where = None if filtered is None else filtered[1]
-            part = self.restricted(ctx, state, keys, select,
-                                   pre=None if where is None else lambda c, w=where: f"SELECT * FROM ({c}) __f WHERE {w}")
+            part = self.restricted(ctx, state, keys, self.group_select() if distinct else self._select)
             if self.is_global:
                 # only when something changed; the single group always exists on both sides
                 part = f"SELECT * FROM ({part}) WHERE EXISTS ({keys})"
