@@ -779,9 +779,9 @@ def main(argv: list[str] | None = None) -> int:
             churn_log.append(c)
             label = "warm-up" if cycle == 0 else f"cycle {cycle}"
             print(f"{label}: RF1 {c['rf1_s']:.1f} s, RF2 {c['rf2_s']:.1f} s", flush=True)
+            full_first = cycle % 2 == 0  # each mode pays for reading new table versions first half the time
             for n in live:
                 q = states[n]
-                full_first = cycle % 2 == 0  # each mode pays for reading new table versions first half the time
                 if full_first:
                     q.full.append(refresh(spark, st, f"q{n:02d}_full", 0))
                 if q.stopped is None:

@@ -34,8 +34,10 @@ def start_immediate(st: StreamTables, name: str, trigger_seconds: float = 0.5) -
         # A restart from the checkpoint ignores this.
         start = frontier.get(key)
         latest = DeltaLog(spark, src.path).latest_version()
-        first = start + 1 if start is not None and latest is not None and start < latest else (
-            start if start is not None else latest)
+        if start is None:
+            first = latest
+        else:
+            first = start + 1 if latest is not None and start < latest else start
         reader = reader.option("startingVersion", "latest" if first is None else str(first))
         streams.append(reader.load(src.path).selectExpr(f"'{key}' AS source", "_commit_version"))
     union = streams[0]

@@ -132,12 +132,13 @@ QUERIES = {
                     "UNION ALL SELECT 'anti', a.id, a.v FROM {a} a WHERE NOT EXISTS (SELECT 1 FROM {c} c WHERE c.k = a.k) "
                     "UNION ALL SELECT 'marks', a.id, a.v FROM {a} a "
                     "WHERE a.v > 3 OR a.k IN (SELECT b.k FROM {b} b WHERE b.x = 2)",
-    # two marks over inputs that both change (neither partner filtered by the other's keys), and a left join
-    # under an aggregate (TPC-H Q13's shape)
-    # nested aggregates over a filtered join's delta (TPC-H Q13, Q18's shapes)
+    # aggregates below the filtered joins: a nested aggregate read as a relation, and one as the partner of
+    # an IN (its snapshots read where the affected rows' keys fall; TPC-H Q18's shape)
     "kf_nested_agg": "SELECT b.k, b.n, b.sx FROM (SELECT k, COUNT(*) AS n, SUM(x) AS sx FROM {b} GROUP BY k) b "
                      "WHERE b.n > 1 UNION ALL SELECT a.id, a.v, 0 FROM {a} a "
                      "WHERE a.k IN (SELECT k FROM {b} GROUP BY k HAVING SUM(x) > 5)",
+    # two marks over inputs that both change (neither partner filtered by the other's keys), and a left join
+    # under an aggregate (TPC-H Q13's shape)
     "kf_marks_agg": "SELECT 'marks' AS b, a.id, a.v AS n FROM {a} a WHERE EXISTS (SELECT 1 FROM {b} b WHERE b.k = a.k) "
                     "OR NOT EXISTS (SELECT 1 FROM {c} c WHERE c.k = a.k AND c.y > a.v) "
                     "UNION ALL SELECT 'count', a.k, COUNT(c.y) FROM {a} a LEFT JOIN {c} c ON a.k = c.k AND c.y > 2 "
