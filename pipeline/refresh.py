@@ -44,7 +44,7 @@ from connectors import delta_rs, delta_sink
 from connectors.delta_log import DeltaLog, Window
 from dvm.context import Context, SourceRef, quote
 from dvm.plan import plain_rows_sql
-from pipeline import fixpoints, plain_rows, strategy
+from pipeline import fixpoints, local_engine, plain_rows, strategy
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 
@@ -114,6 +114,9 @@ class Refresher:
         self.before_commit: AfterCommit = _before_commit
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        #: why DuckDB cannot compute a table's delta, by (name, defining query): no second try (a reason that
+        #: depends on the data, e.g. a change window too large, is not kept)
+        self._local_refused: dict[tuple[str, str], str] = {}
 
     def is_strict(self) -> bool:
         """Strict mode: a refresh that would fall back from DIFFERENTIAL to FULL fails instead (and AUTO
@@ -480,6 +483,15 @@ class Refresher:
         if small and read_version is not None and plan.nets_on_driver():
             ctx = self.context(d, pre, post, windows, salt=record["refresh_id"], small_delta=small)
             return self._apply_netted(d, plan, ctx, record, read_version)
+        if small and read_version is not None and self._local_wanted(d, record):
+            ctx = self.context(d, pre, post, windows, salt=record["refresh_id"], small_delta=small)
+            src = _rendered(ctx, plan.merge_source_sql(ctx, d.types), record)
+            if src is None:
+                return None
+            rows = self._local_delta(d, ctx, src, record, read_version)
+            if rows is not None:
+                protocol = DeltaLog(self.spark, d.path).protocol(read_version)
+                return self._commit_collected(d, plan, rows, protocol, record, read_version)
         with self._held_target(d, read_version, record["refresh_id"]) as target_relation:
             ctx = self.context(d, pre, post, windows, salt=record["refresh_id"], target_relation=target_relation,
                                small_delta=small)
@@ -493,16 +505,53 @@ class Refresher:
         src = _rendered(ctx, plan.netted_delta_sql(ctx, d.types), record)
         if src is None:
             return None
-        conf = self._job_conf(ctx, src)
-        with fixpoints.evaluated(self.spark, ctx, conf) as bind:
-            delta = delta_sink.collect(self.spark, bind(src), record, read_version,
-                                       interpreted=self._interpreted(ctx, src), conf=conf)
+        delta = self._local_delta(d, ctx, src, record, read_version)
+        if delta is None:
+            delta = self._spark_delta(ctx, src, record, read_version)
         protocol = DeltaLog(self.spark, d.path).protocol(read_version)
         hashes = plain_rows.negative_hashes(delta)
         stored = (plain_rows.stored_with_hashes(self.spark, d.path, read_version, hashes, protocol)
                   if len(hashes) else None)
         rows = plain_rows.changes(delta, stored, plan.stored_columns(), ctx.salt)
         return self._commit_collected(d, plan, rows, protocol, record, read_version)
+
+    def _spark_delta(self, ctx: Context, src: str, record: dict[str, Any], read_version: int | None) -> Any:
+        """The collected delta computed by Spark, as Arrow."""
+        conf = self._job_conf(ctx, src)
+        with fixpoints.evaluated(self.spark, ctx, conf) as bind:
+            return delta_sink.collect(self.spark, bind(src), record, read_version,
+                                      interpreted=self._interpreted(ctx, src), conf=conf)
+
+    def _local_delta(self, d: StreamTableDef, ctx: Context, src: str, record: dict[str, Any],
+                     read_version: int) -> Any | None:
+        """The collected delta computed by DuckDB on the driver (see :mod:`pipeline.local_engine`); None when it
+        must run on Spark (the reason goes into the refresh record). In ``verify`` mode Spark computes it too,
+        and a difference fails the refresh."""
+        if not self._local_wanted(d, record):
+            return None
+        mode = local_engine.mode(self.spark.conf)
+        key = (d.name, d.maintained_query)
+        try:
+            rows = local_engine.collect(self.spark, ctx, src, read_version)
+        except local_engine.Unsupported as e:
+            if e.lasting:
+                self._local_refused[key] = str(e)
+            record["delta_engine"] = f"spark: {e}"
+            return None
+        record["delta_engine"] = "duckdb"
+        if mode == "verify":
+            spark_rows = self._spark_delta(ctx, src, record, read_version)
+            if (diff := local_engine.same_rows(spark_rows, rows)) is not None:
+                raise RefreshError(f"stream table {d.name}: DuckDB's delta differs from Spark's: {diff}")
+        return rows
+
+    def _local_wanted(self, d: StreamTableDef, record: dict[str, Any]) -> bool:
+        """Whether DuckDB should try this table's delta: the engine is on, and it did not refuse the query."""
+        mode = local_engine.mode(self.spark.conf)
+        refused = self._local_refused.get((d.name, d.maintained_query))
+        if refused is not None and mode == "auto":
+            record["delta_engine"] = f"spark: {refused}"
+        return mode != "off" and (refused is None or mode == "verify")
 
     @contextmanager
     def _held_target(self, d: StreamTableDef, read_version: int | None, refresh_id: str) -> Iterator[str | None]:
@@ -565,7 +614,9 @@ class Refresher:
         target_rows = delta_rs.table_rows(d.path, read_version) if read_version is not None else None
         choice = strategy.choose(rows.num_rows, deletes, appendable, delta_rs.unusable(d.path, protocol), limits,
                                  target_rows)
-        record["apply"] = choice.describe()
+        # which engine computed the delta (pipeline.local_engine), beside how it was committed
+        engine = record.get("delta_engine")
+        record["apply"] = choice.describe() + (f"; delta computed by {engine}" if engine else "")
         if choice.strategy == strategy.NONE:
             return None
         if choice.engine == "spark-dv" and "deletionVectors" not in ((protocol or {}).get("writerFeatures") or []):

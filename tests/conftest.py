@@ -40,8 +40,11 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     # (measured on a refresh loop: 3.0 s instead of 3.3 s per refresh).
     tiny = {"spark.sql.shuffle.partitions": "1", "spark.default.parallelism": "1",
             "spark.databricks.delta.snapshotPartitions": "1"}
+    # Every delta DuckDB computes on the driver is computed by Spark too and compared: a difference fails
+    # the refresh (pipeline/local_engine.py).
+    verify = {"trickle.refresh.localEngine": "verify"}
     session = spark_session(app_name="trickle-tests", warehouse=str(warehouse),
-                            conf={**INTERPRETED, **tiny, **extra})
+                            conf={**INTERPRETED, **tiny, **verify, **extra})
     yield session
     session.stop()
 

@@ -1,0 +1,152 @@
+"""DuckDB on the driver (pipeline/local_engine.py): its xxhash64 is Spark's, it refuses what it would evaluate
+differently, and a refresh it computes is recorded as such and equals the query (the whole suite runs with
+``trickle.refresh.localEngine=verify``, so every delta it computes is also compared with Spark's)."""
+
+from __future__ import annotations
+
+import datetime
+import random
+import re
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from pipeline import local_engine
+from tests.oracle import assert_matches
+
+
+class _Ctx:
+    fixpoints: list[Any] = []
+    key_filters: list[Any] = []
+    target_path = None
+
+
+def _duck(sql: str, table: Any, types: dict[str, Any] | None = None) -> list[Any]:
+    """``sql`` (Spark SQL over the relation ``t``, whose Spark types are ``types``) run by the engine's
+    translation over ``table``."""
+    engine = local_engine.LocalEngine(None, _Ctx(), None, 1000)  # type: ignore[arg-type]
+    engine.con.register("t", table)
+    if types is not None:
+        engine.types["t"] = types
+    try:
+        return [r[0] for r in engine.con.execute(engine.translate(sql)).fetchall()]
+    finally:
+        engine.con.close()
+
+
+ROWS = pa.table({
+    "i": pa.array([0, 1, -7, 2147483647, None], pa.int32()),
+    "l": pa.array([0, -1, 1 << 40, -(1 << 62), None], pa.int64()),
+    "s": pa.array(["", "a", "Grüße ∑", "x" * 100, None], pa.string()),
+    "d": pa.array([datetime.date(1970, 1, 1), datetime.date(1994, 1, 1), datetime.date(1900, 2, 28),
+                   datetime.date(2262, 4, 11), None], pa.date32()),
+    "b": pa.array([True, False, True, None, False], pa.bool_()),
+    "f": pa.array([0.0, -0.0, 1.5, float("nan"), None], pa.float64()),
+    "g": pa.array([0.0, -0.0, 0.1, -2.5, None], pa.float32()),
+    "n": pa.array([0, 1, 2, 3, 4], pa.int64()),
+    "x": pa.array([Decimal("0.00"), Decimal("-1.50"), Decimal("12345678.99"), None, Decimal("-0.01")],
+                  pa.decimal128(10, 2)),
+    "y": pa.array([Decimal("0.0000"), Decimal("-128.0000"), Decimal("127.0000"),
+                   Decimal("123456789012345678901.2345"), None], pa.decimal128(25, 4)),
+})
+
+
+@pytest.mark.parametrize("args", ["i", "l", "s", "d", "b", "f", "g", "i, l, s, d, b, f, g", "s, i",
+                                  "l, nullif(concat(IF(i IS NULL, '1', '0')), '0')", "x", "y", "x, y, s",
+                                  "x * y", "x + 1", "y - x"])
+def test_xxhash64_is_sparks(spark: Any, args: str) -> None:
+    """Row ids computed by DuckDB must equal those Spark computes (a FULL refresh's), NULLs and -0.0 included;
+    decimals by Spark's type of the expression (a long up to 18 digits, bytes past them)."""
+    from pipeline import spark_types
+
+    spark.createDataFrame(ROWS).createOrReplaceTempView("t")
+    sql = f"SELECT xxhash64({args}) AS h FROM t ORDER BY n"
+    expected = [r[0] for r in spark.sql(sql).collect()]
+    types = {"x": spark_types.Decimal(10, 2), "y": spark_types.Decimal(25, 4), "n": "BIGINT", "s": "STRING"}
+    assert _duck(sql, ROWS, types) == expected
+
+
+@pytest.mark.parametrize("sql, why", [
+    ("SELECT x / y FROM t", "division of DECIMAL"),  # t's Spark types unknown here: no exact quotient
+    ("SELECT CAST(f AS BIGINT) FROM t", "CAST of a DOUBLE to INT"),
+    ("SELECT CAST(x AS BIGINT) FROM t", "CAST of a DECIMAL(10,2) to INT"),
+    ("SELECT CAST(f AS STRING) FROM t", "CAST of a DOUBLE to VARCHAR"),
+    ("SELECT xxhash64(x) FROM t", "xxhash64 of a DECIMAL"),
+    ("SELECT s LIKE 'a\\\\%' FROM t", "LIKE"),
+    ("SELECT upper(s) FROM t", "Upper"),
+    ("SELECT substr(s, 2) FROM t", "Substring"),
+])
+def test_refuses_what_duckdb_evaluates_otherwise(sql: str, why: str) -> None:
+    table = pa.table({"x": pa.array([Decimal("1.50")], pa.decimal128(10, 2)),
+                      "y": pa.array([Decimal("3.00")], pa.decimal128(10, 2)),
+                      "f": pa.array([2.5]), "s": pa.array(["a"])})
+    import duckdb
+
+    with pytest.raises((local_engine.Unsupported, duckdb.Error), match=re.escape(why)):
+        _duck(sql, table)
+
+
+def test_integer_division_and_zero_divisor() -> None:
+    table = pa.table({"a": pa.array([7, 1], pa.int64()), "z": pa.array([2, 0], pa.int64())})
+    assert _duck("SELECT a / 2 FROM t ORDER BY a DESC", table) == [3.5, 0.5]
+    import duckdb
+
+    with pytest.raises(duckdb.Error, match="division by zero"):
+        _duck("SELECT a / z FROM t", table)
+
+
+def test_a_refresh_computed_by_duckdb(spark: Any, st: Any, tmp_path: Any) -> None:
+    """A join + aggregate refreshed over a small change: DuckDB computed it (the history says so), and the
+    table equals its query; one over a decimal division stays on Spark and says why."""
+    spark.sql(f"CREATE TABLE orders_le (id BIGINT, cust BIGINT, amount DECIMAL(10,2)) USING delta "
+              f"LOCATION '{tmp_path}/orders_le' TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    spark.sql(f"CREATE TABLE cust_le (cust BIGINT, region STRING) USING delta LOCATION '{tmp_path}/cust_le' "
+              "TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    spark.sql("INSERT INTO cust_le VALUES (1, 'north'), (2, 'south'), (3, NULL)")
+    spark.sql("INSERT INTO orders_le VALUES (1, 1, 10.00), (2, 2, 5.50), (3, 3, 1.25), (4, 1, NULL)")
+    q = ("SELECT c.region, COUNT(*) AS n, SUM(o.amount) AS total FROM orders_le o JOIN cust_le c "
+         "ON o.cust = c.cust GROUP BY c.region")
+    avg = "SELECT cust, AVG(amount) AS a FROM orders_le GROUP BY cust"
+    st.create_stream_table("le_join_agg", q, refresh_mode="DIFFERENTIAL")
+    st.create_stream_table("le_avg", avg, refresh_mode="DIFFERENTIAL")
+    spark.sql("INSERT INTO orders_le VALUES (5, 2, 7.00), (6, 3, NULL)")
+    spark.sql("UPDATE orders_le SET cust = 2 WHERE id = 1")
+    spark.sql("UPDATE cust_le SET region = 'east' WHERE cust = 3")
+    r = st.refresh_stream_table("le_join_agg")
+    assert r.action == "DIFFERENTIAL" and "delta computed by duckdb" in (r.apply or ""), r.apply
+    assert_matches(spark, st, "le_join_agg", q)
+    r = st.refresh_stream_table("le_avg")  # AVG of a decimal: Spark's exact quotient at Spark's scale
+    assert r.action == "DIFFERENTIAL" and "delta computed by duckdb" in (r.apply or ""), r.apply
+    assert_matches(spark, st, "le_avg", avg)
+
+
+def test_decimal_quotients_are_sparks(spark: Any) -> None:
+    """DuckDB divides decimals in double; the engine divides them as Spark does, at Spark's result type
+    (pipeline.spark_types), near-ties included."""
+    from pipeline import spark_types
+
+    rng = random.Random(7)
+    cases = [("2.5", "2", 3, 1, 1, 0), ("-2.5", "2", 3, 1, 1, 0), ("1", "3", 1, 0, 1, 0), ("51.003301", "2", 25, 6, 20, 0),
+             ("0.0000005", "1", 10, 7, 20, 0)]
+    for _ in range(40):
+        p1, p2 = rng.randint(1, 38), rng.randint(1, 38)
+        s1, s2 = rng.randint(0, p1), rng.randint(0, p2)
+        a = rng.randint(-10 ** min(p1, 12), 10 ** min(p1, 12)) / 10 ** s1
+        b = rng.choice([1, 2, 3, 7, 8, 16, 3 * 10 ** s2, rng.randint(1, 10 ** min(p2, 9))]) / 10 ** s2 or 1
+        cases.append((f"{Decimal(a):.{s1}f}", f"{Decimal(b):.{s2}f}", p1, s1, p2, s2))
+    for a, b, p1, s1, p2, s2 in cases:
+        if Decimal(b) == 0:
+            continue
+        result = spark_types.arithmetic("/", spark_types.Decimal(p1, s1), spark_types.Decimal(p2, s2))
+        ours = Decimal(local_engine._divide(a, b, result.scale))
+        fits = len(str(abs(int(ours)))) <= result.precision - result.scale or int(ours) == 0
+        try:
+            row = spark.sql(f"SELECT CAST({a} AS DECIMAL({p1},{s1})) / CAST({b} AS DECIMAL({p2},{s2})) AS q").first()
+        except Exception as e:  # noqa: BLE001 - Spark's overflow: DuckDB's CAST to the result type fails too
+            assert "NUMERIC_VALUE_OUT_OF_RANGE" in str(e) and not fits, (a, b, p1, s1, p2, s2, ours)
+            continue
+        assert row is not None and ours == row.q and fits, (a, b, p1, s1, p2, s2, ours, row.q)
+        assert spark.sql(f"SELECT typeof(CAST(1 AS DECIMAL({p1},{s1})) / CAST(1 AS DECIMAL({p2},{s2})))"
+                         ).first()[0] == f"decimal({result.precision},{result.scale})"
