@@ -54,6 +54,10 @@ from pipeline.errors import RefreshError
 MODE = "trickle.refresh.localEngine"
 #: Spark conf: rows a change window read for DuckDB may hold (more: Spark computes the delta)
 MAX_CHANGE_ROWS = "trickle.refresh.localEngineChangeRows"
+#: Spark conf: bytes of Delta files the snapshots a delta reads may total for DuckDB to compute it on the
+#: driver (default 1 GiB; filters and key filters usually read far less of them): a delta over larger
+#: tables runs where Spark runs it, on the cluster
+MAX_BYTES = "trickle.refresh.localEngineBelowBytes"
 
 
 class Unsupported(Exception):
@@ -256,6 +260,10 @@ def _guard(kind: str, a: str, b: str | None) -> bool:
             if not (t.startswith("DECIMAL") or t in _INTEGRAL):
                 raise ValueError(f"trickle-unsupported: a decimal division over a {t}")
         return True
+    if kind == "mod":
+        if a not in _INTEGRAL or (b or "") not in _INTEGRAL:
+            raise ValueError(f"trickle-unsupported: {a} % {b} (only integers)")
+        return True
     if kind == "div":
         if a.startswith("DECIMAL") or (b or "").startswith("DECIMAL"):
             raise ValueError(f"trickle-unsupported: division of {a} by {b} (Spark divides decimals exactly)")
@@ -287,7 +295,8 @@ def _allowed() -> tuple[type, ...]:
             exp.Coalesce, exp.Nullif, exp.Cast, exp.TryCast, exp.Sum, exp.Count, exp.Min, exp.Max, exp.Exists,
             exp.Window, exp.RowNumber, exp.Rank, exp.DenseRank, exp.Lateral, exp.Explode, exp.Array,
             exp.GenerateSeries, exp.Concat, exp.Like, exp.Interval, exp.Anonymous, exp.Tuple, exp.Greatest,
-            exp.Least, exp.Avg)
+            exp.Least, exp.Avg, exp.Abs, exp.Sqrt, exp.BitwiseXor, exp.BitwiseAnd, exp.BitwiseOr, exp.Mod,
+            exp.Values, exp.TsOrDsAdd)
 
 
 _CAST_FAMILY = {"BIGINT": "INT", "INT": "INT", "SMALLINT": "INT", "TINYINT": "INT", "DOUBLE": "FLOAT",
@@ -367,8 +376,14 @@ class _Translator:
                 raise Unsupported("LIKE with a pattern that is not a literal without backslashes")
         if isinstance(node, exp.Avg) and isinstance(node.parent, exp.Window):
             raise Unsupported("AVG as a window function")
-        if isinstance(node, exp.Lateral) and not isinstance(node.this, exp.Explode):
-            raise Unsupported("LATERAL other than LATERAL VIEW explode")
+        if isinstance(node, exp.Lateral) and not (
+                isinstance(node.this, exp.Explode) and not node.args.get("outer")
+                and isinstance(node.this.this, exp.Array | exp.GenerateSeries)):
+            # the rules' own explode(array(...)) and explode(sequence(1, n)); DuckDB's UNNEST of a user's
+            # array or map column, or an OUTER one, does not keep Spark's rows
+            raise Unsupported("LATERAL other than LATERAL VIEW explode(array(...)) or explode(sequence(...))")
+        if isinstance(node, exp.Explode) and not isinstance(node.parent, exp.Lateral):
+            raise Unsupported("explode outside LATERAL VIEW")
         if isinstance(node, exp.Cast | exp.TryCast):
             family = _CAST_FAMILY.get(node.to.this.name if hasattr(node.to.this, "name") else str(node.to.this))
             if family is None or (family == "DECIMAL" and not node.to.expressions):
@@ -405,6 +420,18 @@ class _Translator:
                 exp.Literal.number(result.scale)])
             return self._guarded("divdec", node.this, node.expression,
                                  exp.cast(quotient, f"DECIMAL({result.precision}, {result.scale})"))
+        if isinstance(node, exp.Mod):  # integers only: Spark's sign (the dividend's) is DuckDB's
+            zero = exp.EQ(this=node.expression.copy(), expression=exp.Literal.number(0))
+            value = exp.Case(ifs=[exp.If(this=zero, true=exp.Anonymous(
+                this="error", expressions=[exp.Literal.string("division by zero")]))],
+                default=exp.Mod(this=node.this.copy(), expression=node.expression.copy()))
+            return self._guarded("mod", node.this, node.expression, value)
+        if isinstance(node, exp.TsOrDsAdd):  # date_add(d, n): a DATE in Spark, where DuckDB's d + n days is a TIMESTAMP
+            unit = node.args.get("unit")
+            if unit is not None and unit.name.upper() != "DAY":
+                raise Unsupported(f"date_add by {unit.name}")
+            days = exp.Interval(this=node.expression.copy(), unit=exp.var("DAY"))
+            return exp.cast(exp.Add(this=node.this.copy(), expression=days), "DATE")
         if isinstance(node, exp.Div):
             zero = exp.EQ(this=node.expression.copy(), expression=exp.Literal.number(0))
             value = exp.Case(ifs=[exp.If(this=zero, true=exp.Anonymous(
@@ -440,11 +467,12 @@ _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 class LocalEngine:
     """One refresh's delta evaluated by DuckDB: the relations it reads, registered once each."""
 
-    def __init__(self, spark: Any, ctx: Context, read_version: int | None, max_change_rows: int) -> None:
+    def __init__(self, spark: Any, ctx: Context, read_version: int | None, max_change_rows: int,
+                 max_bytes: int = 1 << 30) -> None:
         import duckdb
 
         self.spark, self.ctx, self.read_version = spark, ctx, read_version
-        self.max_change_rows = max_change_rows
+        self.max_change_rows, self.max_bytes, self.bytes = max_change_rows, max_bytes, 0
         self.con = duckdb.connect()
         self.con.execute("SET threads = 2")
         self.con.create_function("__trickle_h", _hash_udf, ["VARCHAR", "VARCHAR", "BIGINT", "VARCHAR"], "BIGINT",
@@ -511,7 +539,15 @@ class LocalEngine:
             from deltalake import DeltaTable
 
             self._readable(path, version)
-            return DeltaTable(_local(path), version=version).to_pyarrow_dataset()
+            table = DeltaTable(_local(path), version=version)
+            size = DeltaLog(self.spark, path).table_size(version)
+            if size is None:
+                size = sum(table.get_add_actions(flatten=True).column("size_bytes").to_pylist())
+            self.bytes += size
+            if self.bytes > self.max_bytes:
+                raise Unsupported(f"the snapshots read total more than {self.max_bytes} bytes ({MAX_BYTES})",
+                                  lasting=False)
+            return table.to_pyarrow_dataset()
 
         return self._register(("snapshot", path, version), make)
 
@@ -613,9 +649,12 @@ def collect(spark: Any, ctx: Context, sql: str, read_version: int | None) -> Any
     when it must run on Spark (see the module docstring)."""
     import duckdb
 
-    engine = LocalEngine(spark, ctx, read_version, int(spark.conf.get(MAX_CHANGE_ROWS, "1000000")))
+    engine = LocalEngine(spark, ctx, read_version, int(spark.conf.get(MAX_CHANGE_ROWS, "1000000")),
+                         int(spark.conf.get(MAX_BYTES, str(1 << 30))))
     try:
         return engine.run(sql)
+    except RecursionError as e:  # a predicate of thousands of ORs: its tree is deeper than Python recurses
+        raise Unsupported("an expression nested too deeply to translate") from e
     except duckdb.Error as e:
         message = str(e).splitlines()[0]
         lasting = "trickle-unsupported: " in message

@@ -209,6 +209,12 @@ class Scopes:
                     out.append((alias, self.relations.get(name)))
             elif isinstance(item, exp.Subquery):
                 out.append((alias, self.outputs(item.this, ctes)))
+            elif isinstance(item, exp.Values) and item.expressions:
+                cols = item.args.get("alias")
+                names = [c.name for c in cols.columns] if cols is not None else []
+                first = item.expressions[0].expressions
+                types = [self.type_of(v, select, ctes) for v in first]
+                out.append((alias, dict(zip(names, types, strict=False)) if len(names) == len(types) else None))
             else:
                 out.append((alias, None))
         for lateral in select.args.get("laterals") or []:
@@ -268,6 +274,14 @@ class Scopes:
             return arithmetic(op, t(e.this), t(e.expression), lit(e.this), lit(e.expression))
         if isinstance(e, exp.Neg | exp.Min | exp.Max | exp.Abs):
             return t(e.this)
+        if isinstance(e, exp.Sqrt):
+            return "DOUBLE"
+        if isinstance(e, exp.Mod):
+            return _numeric(t(e.this), t(e.expression))
+        if isinstance(e, exp.TsOrDsAdd):
+            return "DATE"
+        if isinstance(e, exp.BitwiseXor | exp.BitwiseAnd | exp.BitwiseOr):
+            return _numeric(t(e.this), t(e.expression))
         if isinstance(e, exp.Count | exp.Anonymous) and (not isinstance(e, exp.Anonymous) or e.name.lower() == "xxhash64"):
             return "BIGINT"
         if isinstance(e, exp.RowNumber | exp.Rank | exp.DenseRank):

@@ -40,13 +40,34 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     # (measured on a refresh loop: 3.0 s instead of 3.3 s per refresh).
     tiny = {"spark.sql.shuffle.partitions": "1", "spark.default.parallelism": "1",
             "spark.databricks.delta.snapshotPartitions": "1"}
-    # Every delta DuckDB computes on the driver is computed by Spark too and compared: a difference fails
-    # the refresh (pipeline/local_engine.py).
-    verify = {"trickle.refresh.localEngine": "verify"}
+    # Small deltas run on DuckDB (pipeline/local_engine.py) as in production, so every oracle checks that
+    # engine; the modules that must exercise Spark's delta job, or compare both, set it themselves
+    # (local_engine_mode below). TRICKLE_TEST_LOCAL_ENGINE=verify runs the whole suite with both engines
+    # compared on every delta (about 1.5x the time), =off with Spark only.
+    verify = {"trickle.refresh.localEngine": os.environ.get("TRICKLE_TEST_LOCAL_ENGINE", "auto")}
     session = spark_session(app_name="trickle-tests", warehouse=str(warehouse),
                             conf={**INTERPRETED, **tiny, **verify, **extra})
     yield session
     session.stop()
+
+
+def local_engine_mode(mode: str) -> Any:
+    """A module-wide autouse fixture running that module's refreshes with ``trickle.refresh.localEngine``
+    = ``mode``: ``off`` where a module tests Spark's own delta job (key filters, driver reads, job
+    settings), ``verify`` where it compares both engines on every delta (pipeline/local_engine.py)."""
+
+    @pytest.fixture(autouse=True, scope="module")
+    def _local_engine_mode(spark: Any) -> Iterator[None]:
+        key = "trickle.refresh.localEngine"
+        before = spark.conf.get(key, None)
+        spark.conf.set(key, mode)
+        yield
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+    return _local_engine_mode
 
 
 @pytest.fixture

@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline import fixpoints
+from tests.conftest import local_engine_mode
+
+_engine = local_engine_mode("off")  # this module tests Spark's own delta job
 
 TYPES = ("i INT, b BIGINT, s SMALLINT, t TINYINT, f FLOAT, d DOUBLE, dec DECIMAL(12,3), str STRING, vc VARCHAR(5), "
          "bo BOOLEAN, dt DATE, ts TIMESTAMP, tsn TIMESTAMP_NTZ, bin BINARY, arr ARRAY<INT>, m MAP<STRING,INT>, "

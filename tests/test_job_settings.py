@@ -14,6 +14,9 @@ import dvm
 from dvm import Context, SourceRef
 from pipeline.catalog import Catalog
 from pipeline.refresh import INTERPRETED_BELOW, ONE_PARTITION, ONE_PARTITION_BELOW, Refresher
+from tests.conftest import local_engine_mode
+
+_engine = local_engine_mode("off")  # this module tests Spark's own delta job
 
 SCHEMAS = {"a": [("k", "int"), ("x", "int")]}
 

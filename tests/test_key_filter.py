@@ -18,6 +18,9 @@ import dvm
 from dvm import Context, SourceRef
 from dvm.key_filter import MAX_IN, MAX_RANGES, KeyFilter, keys_query, predicate, ranges
 from dvm.operators.join import equi_keys
+from tests.conftest import local_engine_mode
+
+_engine = local_engine_mode("off")  # this module tests Spark's own delta job
 
 CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 

@@ -14,7 +14,10 @@ import pyarrow as pa
 import pytest
 
 from pipeline import local_engine
+from tests.conftest import local_engine_mode
 from tests.oracle import assert_matches
+
+_engine = local_engine_mode("verify")  # every delta computed by both engines and compared
 
 
 class _Ctx:

@@ -32,6 +32,9 @@ from coverage_rows import Row
 from oracle import Col, TableSpec, check_many, run_oracle
 
 from pipeline import SourceError
+from tests.conftest import local_engine_mode
+
+_engine = local_engine_mode("verify")  # every delta computed by both engines and compared
 
 CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 
