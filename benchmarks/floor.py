@@ -98,11 +98,12 @@ def probe(st: Any, stop: bool) -> Iterator[dict[str, Any]]:
     (jobs, time in jobs, rows read) -- the delta alone; otherwise only timestamps are taken, so the
     refresh's own measurement keeps its jobs. Yields the timings: ``enter`` / ``left`` as (wall, CPU)."""
     from connectors import delta_sink
-    from pipeline import fixpoints
+    from pipeline import fixpoints, local_engine
 
     r, spark = st.refresher, st.spark
     timing: dict[str, Any] = {}
     real_collect, real_evaluated, real_hook = delta_sink.collect, fixpoints.evaluated, r.before_commit
+    real_local = local_engine.collect
 
     @contextmanager
     def evaluated(*args: Any, **kwargs: Any) -> Iterator[Any]:
@@ -121,16 +122,29 @@ def probe(st: Any, stop: bool) -> Iterator[dict[str, Any]]:
         timing["rows"] = out.num_rows
         return out
 
+    def local(*args: Any, **kwargs: Any) -> Any:  # the delta computed by DuckDB on the driver: no Spark job
+        enter = (time.perf_counter(), cpu_seconds(spark))
+        if stop:
+            job, _ = timed(spark, partial(real_local, *args, **kwargs))
+            out = job.result
+        else:
+            out = real_local(*args, **kwargs)
+        timing["enter"], timing["left"], timing["rows"] = enter, (time.perf_counter(), cpu_seconds(spark)), out.num_rows
+        if stop:
+            timing["job"] = job
+        return out
+
     def halt(_name: str) -> None:
         raise _Stop
 
-    delta_sink.collect, fixpoints.evaluated = collect, evaluated
+    delta_sink.collect, fixpoints.evaluated, local_engine.collect = collect, evaluated, local
     if stop:
         r.before_commit = halt
     try:
         yield timing
     finally:
         delta_sink.collect, fixpoints.evaluated, r.before_commit = real_collect, real_evaluated, real_hook
+        local_engine.collect = real_local
 
 
 def span(timing: dict[str, Any]) -> tuple[float, float]:

@@ -38,10 +38,6 @@ from typing import Any
 from coverage_rows import Row
 from oracle import Col, Extreme, TableSpec, check_many, run_oracle
 
-from tests.conftest import local_engine_mode
-
-_engine = local_engine_mode("verify")  # every delta computed by both engines and compared
-
 CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 
 COVERAGE_TITLE = "Aggregates: every maintained function, FILTER, GROUPING SETS / ROLLUP / CUBE"
