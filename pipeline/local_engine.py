@@ -483,6 +483,7 @@ class LocalEngine:
                                  type="arrow", side_effects=False, null_handling="special")
         #: Spark's column types of each relation the queries read, by the name a FROM item gives it
         self.types: dict[str, dict[str, Any]] = {}
+        self._checked: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.names: dict[tuple[Any, ...], str] = {}
         self.keep: list[Any] = []
         self.translate = _Translator(self)
@@ -516,7 +517,14 @@ class LocalEngine:
 
     def _readable(self, path: str, *versions: int) -> dict[str, Any]:
         """Spark's column types of the table at ``path``; raises :class:`Unsupported` when delta-rs may read
-        it otherwise than Spark (at any of ``versions``)."""
+        it otherwise than Spark (at any of ``versions``). Read once per refresh: typing the query
+        (:meth:`declare`) and registering its relations both ask."""
+        key = (path, *versions)
+        if key not in self._checked:
+            self._checked[key] = self._check_readable(path, versions)
+        return self._checked[key]
+
+    def _check_readable(self, path: str, versions: tuple[int, ...]) -> dict[str, Any]:
         from pipeline.fixpoints import _read_like_spark
 
         if _local(path) is None:
