@@ -102,6 +102,11 @@ class Fixpoint:
     def key(self) -> tuple[str, ...]:
         return (*self.columns, "\x00", self.seed, "\x00", self.step or "", str(self.weighted))
 
+    def reads_source(self) -> bool:
+        """A held source read: a change window or a small snapshot, not a computed relation."""
+        return self.step is None and self.seed.startswith(
+            (f"{HELD_SEED}table_changes_by_path(", f"{HELD_SEED}delta.`"))
+
 
 @dataclass(frozen=True)
 class Context:
@@ -235,11 +240,7 @@ class Context:
         if not self.fixpoints:
             return sql
 
-        def source_read(spec: Fixpoint) -> bool:
-            return spec.step is None and spec.seed.startswith(
-                (f"{HELD_SEED}table_changes_by_path(", f"{HELD_SEED}delta.`"))
-
-        held = [i for i, (_, s) in enumerate(self.fixpoints) if s.step is None and not source_read(s)]
+        held = [i for i, (_, s) in enumerate(self.fixpoints) if s.step is None and not s.reads_source()]
         # putting one read back leaves the others' counts as they are
         counts = [inlined_read_counts(sql)] + [inlined_read_counts(self.fixpoints[i][1].seed) for i in held]
         specs = list(self.fixpoints)
@@ -247,7 +248,7 @@ class Context:
         for k, (name, spec) in enumerate(specs):
             ref = re.compile(re.escape(name) + r"\b")
             read_by_loop = any(ref.search(s.seed + (s.step or "")) for _, s in specs if s.step is not None)
-            if not source_read(spec) or read_by_loop or sum(c[tuple(name.split(".", 1))] for c in counts) > 1:
+            if not spec.reads_source() or read_by_loop or sum(c[tuple(name.split(".", 1))] for c in counts) > 1:
                 continue
             if name in self.driver_held:
                 continue

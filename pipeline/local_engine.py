@@ -25,6 +25,12 @@ function over ``typeof``, which DuckDB folds while planning, so it costs nothing
 * CASTs: DuckDB rounds a decimal or double cast to an integer where Spark truncates, parses and prints
   strings its own way, and so on; only the pairs in :data:`_CASTS` pass.
 * ``LIKE`` only with a literal pattern without a backslash (Spark's default escape character).
+* ``EXTRACT`` / ``year`` / ``month`` / ``day`` / ``quarter`` of a DATE only, cast to Spark's INT (DuckDB gives a
+  BIGINT, which hashes otherwise); ``SUBSTRING`` of a string only, from a literal position of at least 1 for
+  a literal length (Spark reads position 0 as 1 and a negative length as 0, DuckDB does not).
+* Fixpoints (held relations, a recursive UNION's rounds, the counting series of the UNION ALL rules) are
+  evaluated round by round as :func:`pipeline.fixpoints.run` evaluates them; Spark's own ``WITH RECURSIVE``
+  is refused (Spark stops at its recursion level limit with an error, DuckDB would not stop).
 * Sources with timestamp columns, deletion vectors, column mapping or CHAR columns are refused.
 * DuckDB sums integers as HUGEINT where Spark's sum is a BIGINT: results are cast back (an overflow raises,
   as in Spark's ANSI mode).
@@ -45,7 +51,7 @@ from typing import Any
 from connectors import delta_rs
 from connectors.delta_log import DeltaLog, _local
 from dvm import key_filter
-from dvm.context import Context
+from dvm.context import PREV, Context, Fixpoint
 from pipeline import spark_types
 from pipeline.errors import RefreshError
 
@@ -264,6 +270,10 @@ def _guard(kind: str, a: str, b: str | None) -> bool:
         if a not in _INTEGRAL or (b or "") not in _INTEGRAL:
             raise ValueError(f"trickle-unsupported: {a} % {b} (only integers)")
         return True
+    if kind in ("date", "string"):  # a date part of a DATE, a substring of a VARCHAR; nothing Spark would cast first
+        if a != {"date": "DATE", "string": "VARCHAR"}[kind]:
+            raise ValueError(f"trickle-unsupported: {kind} function over a {a}")
+        return True
     if kind == "div":
         if a.startswith("DECIMAL") or (b or "").startswith("DECIMAL"):
             raise ValueError(f"trickle-unsupported: division of {a} by {b} (Spark divides decimals exactly)")
@@ -296,12 +306,22 @@ def _allowed() -> tuple[type, ...]:
             exp.Window, exp.RowNumber, exp.Rank, exp.DenseRank, exp.Lateral, exp.Explode, exp.Array,
             exp.GenerateSeries, exp.Concat, exp.Like, exp.Interval, exp.Anonymous, exp.Tuple, exp.Greatest,
             exp.Least, exp.Avg, exp.Abs, exp.Sqrt, exp.BitwiseXor, exp.BitwiseAnd, exp.BitwiseOr, exp.Mod,
-            exp.Values, exp.TsOrDsAdd)
+            exp.Values, exp.TsOrDsAdd, exp.Extract, exp.Year, exp.Month, exp.Day, exp.Quarter, exp.Substring,
+            exp.TsOrDsToDate)
 
 
 _CAST_FAMILY = {"BIGINT": "INT", "INT": "INT", "SMALLINT": "INT", "TINYINT": "INT", "DOUBLE": "FLOAT",
                 "FLOAT": "FLOAT", "DECIMAL": "DECIMAL", "VARCHAR": "VARCHAR", "TEXT": "VARCHAR",
                 "CHAR": None, "DATE": "DATE", "BOOLEAN": "BOOLEAN"}
+
+
+_DATE_PARTS = ("YEAR", "MONTH", "DAY", "QUARTER")
+
+
+def _positive_literal(node: Any) -> bool:
+    from sqlglot import exp
+
+    return isinstance(node, exp.Literal) and not node.is_string and node.name.isdigit() and int(node.name) >= 1
 
 
 class _Translator:
@@ -384,6 +404,19 @@ class _Translator:
             raise Unsupported("LATERAL other than LATERAL VIEW explode(array(...)) or explode(sequence(...))")
         if isinstance(node, exp.Explode) and not isinstance(node.parent, exp.Lateral):
             raise Unsupported("explode outside LATERAL VIEW")
+        if isinstance(node, exp.Extract) and node.name.upper() not in _DATE_PARTS:
+            raise Unsupported(f"EXTRACT({node.name} ...)")
+        if isinstance(node, exp.With) and node.args.get("recursive") and any(
+                t.name == cte.alias and not t.db for cte in node.expressions for t in cte.this.find_all(exp.Table)):
+            # Spark stops a recursion at spark.sql.cteRecursionLevelLimit with an error; DuckDB would go on
+            raise Unsupported("a recursive CTE (Spark's recursion stops at its level limit)")
+        if isinstance(node, exp.TsOrDsToDate) and node.args.get("format") is not None:
+            raise Unsupported("to_date with a format")
+        if isinstance(node, exp.Substring):
+            start, length = node.args.get("start"), node.args.get("length")
+            if not (_positive_literal(start) and (length is None or _positive_literal(length))):
+                # Spark reads a start of 0 as 1 and a negative length as 0, unlike DuckDB
+                raise Unsupported("SUBSTRING other than from a literal position for a literal length")
         if isinstance(node, exp.Cast | exp.TryCast):
             family = _CAST_FAMILY.get(node.to.this.name if hasattr(node.to.this, "name") else str(node.to.this))
             if family is None or (family == "DECIMAL" and not node.to.expressions):
@@ -432,6 +465,16 @@ class _Translator:
                 raise Unsupported(f"date_add by {unit.name}")
             days = exp.Interval(this=node.expression.copy(), unit=exp.var("DAY"))
             return exp.cast(exp.Add(this=node.this.copy(), expression=days), "DATE")
+        if isinstance(node, exp.Extract | exp.Year | exp.Month | exp.Day | exp.Quarter):
+            # an INT in Spark, a BIGINT in DuckDB (row ids hash the two differently)
+            part = node.name.upper() if isinstance(node, exp.Extract) else type(node).__name__.upper()
+            arg = node.expression if isinstance(node, exp.Extract) else node.this
+            value = exp.cast(exp.Extract(this=exp.var(part), expression=arg.copy()), "INT")
+            return self._guarded("date", arg, None, value)
+        if isinstance(node, exp.TsOrDsToDate):  # year(d) reads as year(to_date(d)): only a DATE passes
+            return self._guarded("date", node.this, None, node.this.copy())
+        if isinstance(node, exp.Substring):
+            return self._guarded("string", node.this, None, node.copy())
         if isinstance(node, exp.Div):
             zero = exp.EQ(this=node.expression.copy(), expression=exp.Literal.number(0))
             value = exp.Case(ifs=[exp.If(this=zero, true=exp.Anonymous(
@@ -544,10 +587,8 @@ class LocalEngine:
 
     def snapshot(self, path: str, version: int) -> str:
         def make() -> Any:
-            from deltalake import DeltaTable
-
             self._readable(path, version)
-            table = DeltaTable(_local(path), version=version)
+            table = delta_rs.opened(path, version)
             size = DeltaLog(self.spark, path).table_size(version)
             if size is None:
                 size = sum(table.get_add_actions(flatten=True).column("size_bytes").to_pylist())
@@ -555,7 +596,7 @@ class LocalEngine:
             if self.bytes > self.max_bytes:
                 raise Unsupported(f"the snapshots read total more than {self.max_bytes} bytes ({MAX_BYTES})",
                                   lasting=False)
-            return table.to_pyarrow_dataset()
+            return delta_rs.dataset(path, version)
 
         return self._register(("snapshot", path, version), make)
 
@@ -614,20 +655,62 @@ class LocalEngine:
 
     def run(self, sql: str) -> Any:
         for name, spec in self.ctx.fixpoints:
-            if spec.step is not None:
-                raise Unsupported("a recursive fixpoint")
             view = name.split(".", 1)[1]
             outputs = self.translate.outputs(spec.seed)
             if outputs is not None and spec.columns:
                 outputs = dict(zip(spec.columns, outputs.values(), strict=False))
             if outputs is not None:
                 self.types[name] = outputs
-            seed = self.translate(self.bind(spec.seed))
-            if spec.columns:
-                seed = f"SELECT * FROM ({seed}) AS __s({', '.join(_q(c) for c in spec.columns)})"
-            self.con.execute(f"CREATE TEMP TABLE {_q(view)} AS {seed}")
+            seed = self._netted(spec, self.translate(self.bind(spec.seed)))
+            if spec.step is not None:
+                self._loop(view, spec, seed)
+                continue
+            # a source read stays lazy (scanned where referenced, filters pushed into it); a computed one is
+            # evaluated once
+            kind = "VIEW" if spec.reads_source() else "TABLE"
+            self.con.execute(f"CREATE TEMP {kind} {_q(view)} AS {seed}")
         result = self.con.sql(self.translate(self.bind(sql)))
         return _spark_types(result.to_arrow_table(), [str(t) for t in result.types])
+
+    @staticmethod
+    def _netted(spec: Fixpoint, sql: str) -> str:
+        """Rows of ``sql`` named by the fixpoint's columns; weighted: one row per tuple with its summed weight
+        (as :func:`pipeline.fixpoints.run` nets them; Spark's sum of the weights is a BIGINT)."""
+        cols = [_q(c) for c in spec.columns]
+        if cols:
+            sql = f"SELECT * FROM ({sql}) AS __s({', '.join(cols)})"
+        if not spec.weighted:
+            return sql
+        keys, w = ", ".join(cols[:-1]), cols[-1]
+        return (f"SELECT {keys}, CAST(SUM({w}) AS BIGINT) AS {w} FROM ({sql}) AS __r GROUP BY ALL "
+                f"HAVING SUM({w}) <> 0")
+
+    def _loop(self, view: str, spec: Fixpoint, seed: str) -> None:
+        """A recursive fixpoint evaluated round by round as :func:`pipeline.fixpoints.run` evaluates it on
+        Spark: each round's step reads the previous round's new tuples as :data:`dvm.context.PREV`; a set
+        keeps only tuples no round found before, a weighted series stops at its first empty round. The rounds
+        are kept apart and unioned at the end, so column types widen across rounds as Spark's union widens
+        them (row ids hash the widened type)."""
+        from pipeline.fixpoints import LEVEL_LIMIT
+
+        limit = int(self.spark.conf.get(LEVEL_LIMIT, "100")) if self.spark is not None else 100
+        step = self._netted(spec, self.translate(self.bind(spec.step or "")))
+        parts = [f"{view}__round0"]
+        first = seed if spec.weighted else f"SELECT DISTINCT * FROM ({seed}) AS __d"
+        self.con.execute(f"CREATE TEMP TABLE {_q(parts[0])} AS {first}")
+        union = lambda: " UNION ALL ".join(f"SELECT * FROM {_q(p)}" for p in parts)  # noqa: E731
+        while self._rows(parts[-1]):
+            if 0 <= limit < len(parts):  # Spark raises the error the user should see
+                raise Unsupported(f"a recursive fixpoint past {limit} rounds", lasting=False)
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW {_q(PREV)} AS SELECT * FROM {_q(parts[-1])}")
+            body = step if spec.weighted else f"SELECT * FROM ({step}) AS __n EXCEPT SELECT * FROM ({union()}) AS __seen"
+            parts.append(f"{view}__round{len(parts)}")
+            self.con.execute(f"CREATE TEMP TABLE {_q(parts[-1])} AS {body}")
+        self.con.execute(f"CREATE TEMP TABLE {_q(view)} AS {union()}")
+
+    def _rows(self, table: str) -> int:
+        row = self.con.execute(f"SELECT COUNT(*) FROM {_q(table)}").fetchone()
+        return int(row[0]) if row else 0
 
 
 def _q(name: str) -> str:

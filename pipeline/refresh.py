@@ -485,7 +485,7 @@ class Refresher:
             return self._apply_netted(d, plan, ctx, record, read_version)
         if small and read_version is not None and self._local_wanted(d, record):
             ctx = self.context(d, pre, post, windows, salt=record["refresh_id"], small_delta=small)
-            src = _rendered(ctx, plan.merge_source_sql(ctx, d.types), record)
+            src = _rendered(ctx, plan.merge_source_sql(ctx, d.types), record, for_spark=False)
             if src is None:
                 return None
             rows = self._local_delta(d, ctx, src, record, read_version)
@@ -502,12 +502,12 @@ class Refresher:
         """A plain-rows table's small delta: one Spark job collects it netted per tuple, and the stored copies
         it deletes are picked on the driver from the rows carrying its negative hashes (see
         :mod:`pipeline.plain_rows`), so the refresh never scans nor holds the whole table."""
-        src = _rendered(ctx, plan.netted_delta_sql(ctx, d.types), record)
+        src = _rendered(ctx, plan.netted_delta_sql(ctx, d.types), record, for_spark=False)
         if src is None:
             return None
         delta = self._local_delta(d, ctx, src, record, read_version)
         if delta is None:
-            delta = self._spark_delta(ctx, src, record, read_version)
+            delta = self._spark_delta(ctx, ctx.unshare_single_reads(src), record, read_version)
         protocol = DeltaLog(self.spark, d.path).protocol(read_version)
         hashes = plain_rows.negative_hashes(delta)
         stored = (plain_rows.stored_with_hashes(self.spark, d.path, read_version, hashes, protocol)
@@ -540,7 +540,7 @@ class Refresher:
             return None
         record["delta_engine"] = "duckdb"
         if mode == "verify":
-            spark_rows = self._spark_delta(ctx, src, record, read_version)
+            spark_rows = self._spark_delta(ctx, ctx.unshare_single_reads(src), record, read_version)
             if (diff := local_engine.same_rows(spark_rows, rows)) is not None:
                 raise RefreshError(f"stream table {d.name}: DuckDB's delta differs from Spark's: {diff}")
         return rows
@@ -869,10 +869,13 @@ def _cancelled_after(spark: Any, seconds: float | None, fired: threading.Event) 
         sc.removeJobTag(tag)
 
 
-def _rendered(ctx: Context, sql: str | None, record: dict[str, Any]) -> str | None:
-    """A delta query as it runs: snapshots read once are inlined again (see :meth:`Context.unshare_single_reads`),
-    and the notes its rules left go into the refresh record. None when provably nothing changed."""
-    sql = ctx.unshare_single_reads(sql) if sql is not None else None
+def _rendered(ctx: Context, sql: str | None, record: dict[str, Any], for_spark: bool = True) -> str | None:
+    """A delta query as it runs: for Spark, snapshots read once are inlined again (see
+    :meth:`Context.unshare_single_reads`; DuckDB reads each registered relation where it is referenced, so
+    the local engine skips that parse of the whole query), and the notes its rules left go into the refresh
+    record. None when provably nothing changed."""
+    if sql is not None and for_spark:
+        sql = ctx.unshare_single_reads(sql)
     if ctx.notes:
         record["notes"] = list(ctx.notes)
     return sql

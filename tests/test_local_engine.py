@@ -71,6 +71,17 @@ def test_xxhash64_is_sparks(spark: Any, args: str) -> None:
     assert _duck(sql, ROWS, types) == expected
 
 
+@pytest.mark.parametrize("expr", ["EXTRACT(YEAR FROM d)", "year(d)", "month(d)", "day(d)", "quarter(d)",
+                                  "EXTRACT(MONTH FROM d)", "xxhash64(EXTRACT(YEAR FROM d))", "substring(s, 1, 2)",
+                                  "substr(s, 3)", "substring(s, 2, 100)", "xxhash64(substring(s, 1, 4), year(d))"])
+def test_date_parts_and_substrings_are_sparks(spark: Any, expr: str) -> None:
+    """EXTRACT and its shorthands are INTs in Spark (BIGINTs in DuckDB: the hash differs); SUBSTRING counts
+    characters from 1 in both."""
+    spark.createDataFrame(ROWS).createOrReplaceTempView("t")
+    sql = f"SELECT {expr} AS v FROM t ORDER BY n"
+    assert _duck(sql, ROWS) == [r[0] for r in spark.sql(sql).collect()]
+
+
 @pytest.mark.parametrize("sql, why", [
     ("SELECT x / y FROM t", "division of DECIMAL"),  # t's Spark types unknown here: no exact quotient
     ("SELECT CAST(f AS BIGINT) FROM t", "CAST of a DOUBLE to INT"),
@@ -79,7 +90,11 @@ def test_xxhash64_is_sparks(spark: Any, args: str) -> None:
     ("SELECT xxhash64(x) FROM t", "xxhash64 of a DECIMAL"),
     ("SELECT s LIKE 'a\\\\%' FROM t", "LIKE"),
     ("SELECT upper(s) FROM t", "Upper"),
-    ("SELECT substr(s, 2) FROM t", "Substring"),
+    ("SELECT substr(s, 0, 2) FROM t", "SUBSTRING"),
+    ("SELECT substr(s, -2) FROM t", "SUBSTRING"),
+    ("SELECT year(s) FROM t", "VARCHAR)"),
+    ("SELECT substr(f, 1, 2) FROM t", "substring(DOUBLE"),
+    ("SELECT EXTRACT(DAYOFWEEK FROM s) FROM t", "EXTRACT(DAYOFWEEK"),
 ])
 def test_refuses_what_duckdb_evaluates_otherwise(sql: str, why: str) -> None:
     table = pa.table({"x": pa.array([Decimal("1.50")], pa.decimal128(10, 2)),
