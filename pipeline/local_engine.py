@@ -29,8 +29,9 @@ function over ``typeof``, which DuckDB folds while planning, so it costs nothing
   BIGINT, which hashes otherwise); ``SUBSTRING`` of a string only, from a literal position of at least 1 for
   a literal length (Spark reads position 0 as 1 and a negative length as 0, DuckDB does not).
 * Fixpoints (held relations, a recursive UNION's rounds, the counting series of the UNION ALL rules) are
-  evaluated round by round as :func:`pipeline.fixpoints.run` evaluates them; Spark's own ``WITH RECURSIVE``
-  is refused (Spark stops at its recursion level limit with an error, DuckDB would not stop).
+  evaluated round by round as :func:`pipeline.fixpoints.run` evaluates them, and Spark's own ``WITH
+  RECURSIVE`` round by round too (:meth:`_Translator._recursions`: DuckDB's own would not stop where Spark
+  stops with an error).
 * Sources with timestamp columns, deletion vectors, column mapping or CHAR columns are refused.
 * DuckDB sums integers as HUGEINT where Spark's sum is a BIGINT: results are cast back (an overflow raises,
   as in Spark's ANSI mode).
@@ -342,8 +343,46 @@ class _Translator:
         tree = sqlglot.parse_one(sql, read=SPARK)
         for node in tree.walk():
             self._check(node)
+        self._recursions(tree)
         self._spark_types(tree)
         return self._bottom_up(tree).sql("duckdb")
+
+    def _recursions(self, tree: Any) -> None:
+        """Spark's own recursive CTEs (``name AS (anchor UNION ALL step)``) evaluated first, round by round, by
+        :meth:`LocalEngine.recursion`, each CTE's body then reading the result. Why not DuckDB's WITH
+        RECURSIVE: Spark stops a recursion at ``spark.sql.cteRecursionLevelLimit`` levels (and
+        ``cteRecursionRowLimit`` rows) with an error, DuckDB would go on (forever, on a cycle); the rounds
+        here stop well before Spark's limits and leave the rest to Spark."""
+        from dvm.dialect import SPARK
+
+        exp = self.exp
+
+        def reads_itself(cte: Any) -> bool:
+            return any(t.name == cte.alias and not t.db for t in cte.this.find_all(exp.Table))
+
+        while True:  # one CTE at a time, outermost first: its anchor and step are translated (and theirs) anew
+            found = next(((w, i, c) for w in tree.find_all(exp.With) if w.args.get("recursive")
+                          for i, c in enumerate(w.expressions) if reads_itself(c)), None)
+            if found is None:
+                return
+            with_, i, cte = found
+            body = cte.this
+            if not (isinstance(body, exp.Union) and not body.args.get("distinct")) or any(
+                    t.name == cte.alias and not t.db for t in body.this.find_all(exp.Table)):
+                raise Unsupported("a recursive CTE other than <anchor> UNION ALL <step>")
+            prefix = [c.copy() for c in with_.expressions[:i]]
+            anchor, step = body.this.copy(), body.expression.copy()
+            prev = self.engine.fresh("__trickle_rec_prev")
+            for t in step.find_all(exp.Table):
+                if t.name == cte.alias and not t.db:
+                    t.set("this", exp.to_identifier(prev))
+                    if not t.args.get("alias"):
+                        t.set("alias", exp.TableAlias(this=exp.to_identifier(cte.alias)))
+            head = f"WITH {', '.join(c.sql(dialect=SPARK) for c in prefix)} " if prefix else ""
+            columns = [c.name for c in cte.args["alias"].columns] if cte.args.get("alias") else []
+            name = self.engine.recursion(columns, self(head + anchor.sql(dialect=SPARK)),
+                                         self(head + step.sql(dialect=SPARK)), prev)
+            cte.set("this", exp.select("*").from_(name))
 
     def outputs(self, sql: str) -> dict[str, Any] | None:
         """Spark's types of the columns of query ``sql`` (a held relation's seed)."""
@@ -406,10 +445,6 @@ class _Translator:
             raise Unsupported("explode outside LATERAL VIEW")
         if isinstance(node, exp.Extract) and node.name.upper() not in _DATE_PARTS:
             raise Unsupported(f"EXTRACT({node.name} ...)")
-        if isinstance(node, exp.With) and node.args.get("recursive") and any(
-                t.name == cte.alias and not t.db for cte in node.expressions for t in cte.this.find_all(exp.Table)):
-            # Spark stops a recursion at spark.sql.cteRecursionLevelLimit with an error; DuckDB would go on
-            raise Unsupported("a recursive CTE (Spark's recursion stops at its level limit)")
         if isinstance(node, exp.TsOrDsToDate) and node.args.get("format") is not None:
             raise Unsupported("to_date with a format")
         if isinstance(node, exp.Substring):
@@ -531,6 +566,7 @@ class LocalEngine:
         self.keep: list[Any] = []
         self.translate = _Translator(self)
         self.predicates: dict[str, str] = {}
+        self._fresh = 0
 
     def _register(self, key: tuple[Any, ...], make: Callable[[], Any]) -> str:
         if key not in self.names:
@@ -707,6 +743,39 @@ class LocalEngine:
             parts.append(f"{view}__round{len(parts)}")
             self.con.execute(f"CREATE TEMP TABLE {_q(parts[-1])} AS {body}")
         self.con.execute(f"CREATE TEMP TABLE {_q(view)} AS {union()}")
+
+    def fresh(self, prefix: str) -> str:
+        """A relation name no other relation of this refresh has."""
+        self._fresh += 1
+        return f"{prefix}_{self._fresh}"
+
+    def recursion(self, columns: list[str], anchor: str, step: str, prev: str) -> str:
+        """The rows of a recursive CTE ``anchor UNION ALL step`` (DuckDB SQL; ``step`` reads the previous
+        round's rows as ``prev``), as Spark's recursion computes them: rounds until one adds no row, every
+        round's rows kept, in the anchor's column types (a round of other types is left to Spark, whose
+        union would widen them). Refused well before Spark's level and row limits, where Spark raises the
+        error the user should see."""
+        conf = (lambda k, d: int(self.spark.conf.get(k, d))) if self.spark is not None else (lambda k, d: int(d))
+        levels, max_rows = conf("spark.sql.cteRecursionLevelLimit", "100"), conf("spark.sql.cteRecursionRowLimit",
+                                                                                 "1000000")
+        named = f" AS __r({', '.join(_q(c) for c in columns)})" if columns else " AS __r"
+        name = self.fresh("__trickle_rec")
+        rounds = [f"{name}_0"]
+        self.con.execute(f"CREATE TEMP TABLE {_q(rounds[0])} AS SELECT * FROM ({anchor}){named}")
+        types = [str(t) for t in self.con.sql(f"SELECT * FROM {_q(rounds[0])}").types]
+        total = self._rows(rounds[0])
+        while self._rows(rounds[-1]):
+            if 0 <= levels and len(rounds) >= levels - 1 or 0 <= max_rows and 2 * total > max_rows:
+                raise Unsupported("a recursion near Spark's level or row limit", lasting=False)
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW {_q(prev)} AS SELECT * FROM {_q(rounds[-1])}")
+            rounds.append(f"{name}_{len(rounds)}")
+            self.con.execute(f"CREATE TEMP TABLE {_q(rounds[-1])} AS SELECT * FROM ({step}){named}")
+            if [str(t) for t in self.con.sql(f"SELECT * FROM {_q(rounds[-1])}").types] != types:
+                raise Unsupported("a recursive step of other column types than its anchor")
+            total += self._rows(rounds[-1])
+        self.con.execute(f"CREATE TEMP TABLE {_q(name)} AS "
+                         + " UNION ALL ".join(f"SELECT * FROM {_q(r)}" for r in rounds))
+        return name
 
     def _rows(self, table: str) -> int:
         row = self.con.execute(f"SELECT COUNT(*) FROM {_q(table)}").fetchone()

@@ -82,6 +82,29 @@ def test_date_parts_and_substrings_are_sparks(spark: Any, expr: str) -> None:
     assert _duck(sql, ROWS) == [r[0] for r in spark.sql(sql).collect()]
 
 
+@pytest.mark.parametrize("sql", [
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 5) SELECT n FROM r ORDER BY n",
+    "WITH RECURSIVE h AS (SELECT i FROM t WHERE i IS NOT NULL AND i < 10), "
+    "r(a, d) AS (SELECT i, 0 FROM h UNION ALL SELECT r.a, r.d + 1 FROM r JOIN h ON h.i = r.a WHERE r.d < 3) "
+    "SELECT xxhash64(a, d) FROM r ORDER BY 1",
+])
+def test_recursions_are_sparks(spark: Any, sql: str) -> None:
+    """Spark's own recursive CTEs run round by round (DuckDB's WITH RECURSIVE has no level limit to stop at)."""
+    spark.createDataFrame(ROWS).createOrReplaceTempView("t")
+    assert _duck(sql, ROWS) == [r[0] for r in spark.sql(sql).collect()]
+
+
+@pytest.mark.parametrize("sql, why", [
+    ("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT n FROM r", "level or row limit"),
+    ("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT CAST(n AS BIGINT) + 1 FROM r WHERE n < 3) SELECT n FROM r",
+     "other column types"),
+    ("WITH RECURSIVE r(n) AS (SELECT 1 UNION SELECT n + 1 FROM r WHERE n < 3) SELECT n FROM r", "UNION ALL"),
+])
+def test_recursions_refused(sql: str, why: str) -> None:
+    with pytest.raises(local_engine.Unsupported, match=why):
+        _duck(sql, ROWS)
+
+
 @pytest.mark.parametrize("sql, why", [
     ("SELECT x / y FROM t", "division of DECIMAL"),  # t's Spark types unknown here: no exact quotient
     ("SELECT CAST(f AS BIGINT) FROM t", "CAST of a DOUBLE to INT"),
