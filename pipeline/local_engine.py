@@ -624,10 +624,11 @@ class LocalEngine:
     def snapshot(self, path: str, version: int) -> str:
         def make() -> Any:
             self._readable(path, version)
-            table = delta_rs.opened(path, version)
             size = DeltaLog(self.spark, path).table_size(version)
             if size is None:
-                size = sum(table.get_add_actions(flatten=True).column("size_bytes").to_pylist())
+                size = delta_rs.table_bytes(path, version)
+            if size is None:
+                raise Unsupported(f"the size of {path} at version {version} is unknown", lasting=False)
             self.bytes += size
             if self.bytes > self.max_bytes:
                 raise Unsupported(f"the snapshots read total more than {self.max_bytes} bytes ({MAX_BYTES})",

@@ -601,7 +601,6 @@ class ChangeGenerator:
          .execute())
 
 
-
 def _model_value(v: Any, kind: str) -> Any:
     """A JSON-decoded Delta value in the model's form (arrays are tuples)."""
     return tuple(v) if kind == "array" and v is not None else v
