@@ -137,3 +137,31 @@ def dialect_of(dialect: DialectType) -> Dialect:
     if isinstance(dialect, str) and dialect.lower() == "spark":
         return SPARK
     return Dialect.get_or_raise(dialect)
+
+
+def _memoize_type_names() -> None:
+    """Make sqlglot's ``DataType.from_str`` parse each type name once per process.
+
+    Why: sqlglot builds a type from its name by running its whole parser over the name, and it does that for
+    every CAST its Hive-family parser reads (``is_type("char", "varchar")``) and every type its generators
+    compare. On the delta SQL of a refresh (tens of kB, hundreds of CASTs) those parses were a fifth of
+    parsing and rendering it. A name read again gets a copy of its first parse (a type node is mutable).
+    Only plain calls are memoized: a dialect given by name or none, no extra arguments."""
+    original = exp.DataType.from_str.__func__  # type: ignore[attr-defined]
+    parsed: dict[tuple[Any, ...], exp.DataType] = {}
+
+    def from_str(cls: Any, dtype: str, dialect: DialectType = None, udt: bool = False, **kwargs: Any) -> Any:
+        if kwargs or not (dialect is None or isinstance(dialect, str)):
+            return original(cls, dtype, dialect, udt, **kwargs)
+        key = (cls, dtype, dialect, udt)
+        hit = parsed.get(key)
+        if hit is None:
+            if len(parsed) > 4096:  # bounded: type names come from queries
+                parsed.clear()
+            hit = parsed[key] = original(cls, dtype, dialect, udt)
+        return hit.copy()
+
+    exp.DataType.from_str = classmethod(from_str)  # type: ignore[method-assign,assignment]
+
+
+_memoize_type_names()

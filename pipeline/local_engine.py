@@ -334,6 +334,10 @@ class _Translator:
 
         self.exp = exp
         self.allowed = _allowed()
+        #: the node types :meth:`_rewrite` may change
+        self.rewritten = (exp.Table, exp.Anonymous, exp.Div, exp.Mod, exp.TsOrDsAdd, exp.Extract, exp.Year,
+                          exp.Month, exp.Day, exp.Quarter, exp.TsOrDsToDate, exp.Substring, exp.Cast, exp.TryCast,
+                          exp.Avg, exp.Concat, exp.GenerateSeries, exp.Hint, exp.JoinHint)
 
     def __call__(self, sql: str) -> str:
         import sqlglot
@@ -341,13 +345,17 @@ class _Translator:
         from dvm.dialect import SPARK
 
         tree = sqlglot.parse_one(sql, read=SPARK)
+        targets = []  # one walk: the check, and the nodes the later steps look at
         for node in tree.walk():
             self._check(node)
-        self._recursions(tree)
-        self._spark_types(tree)
-        return self._bottom_up(tree).sql("duckdb")
+            if isinstance(node, self.rewritten):
+                targets.append(node)
+        if self._recursions(tree):  # CTE bodies replaced: their nodes are no longer in the tree
+            targets = [n for n in tree.walk() if isinstance(n, self.rewritten)]
+        self._spark_types(targets)
+        return self._bottom_up(tree, targets).sql("duckdb", copy=False)
 
-    def _recursions(self, tree: Any) -> None:
+    def _recursions(self, tree: Any) -> bool:
         """Spark's own recursive CTEs (``name AS (anchor UNION ALL step)``) evaluated first, round by round, by
         :meth:`LocalEngine.recursion`, each CTE's body then reading the result. Why not DuckDB's WITH
         RECURSIVE: Spark stops a recursion at ``spark.sql.cteRecursionLevelLimit`` levels (and
@@ -360,11 +368,13 @@ class _Translator:
         def reads_itself(cte: Any) -> bool:
             return any(t.name == cte.alias and not t.db for t in cte.this.find_all(exp.Table))
 
+        changed = False
         while True:  # one CTE at a time, outermost first: its anchor and step are translated (and theirs) anew
             found = next(((w, i, c) for w in tree.find_all(exp.With) if w.args.get("recursive")
                           for i, c in enumerate(w.expressions) if reads_itself(c)), None)
             if found is None:
-                return
+                return changed
+            changed = True
             with_, i, cte = found
             body = cte.this
             if not (isinstance(body, exp.Union) and not body.args.get("distinct")) or any(
@@ -395,33 +405,39 @@ class _Translator:
             self.engine.declare(table)
         return spark_types.Scopes(self.engine.types).outputs(tree, {})
 
-    def _spark_types(self, tree: Any) -> None:
+    def _spark_types(self, targets: list[Any]) -> None:
         """Note Spark's types where DuckDB needs them (see :mod:`pipeline.spark_types`): a division's operands
-        and ``xxhash64``'s arguments, in the nodes' ``meta``."""
+        and ``xxhash64``'s arguments (among ``targets``, the tree's nodes :meth:`_rewrite` looks at), in the
+        nodes' ``meta``."""
         exp = self.exp
-        wanted = [n for n in tree.find_all(exp.Div, exp.Anonymous)
-                  if isinstance(n, exp.Div) or n.name.lower() == "xxhash64"]
+        wanted = [n for n in targets if isinstance(n, exp.Div) or (
+            isinstance(n, exp.Anonymous) and n.name.lower() == "xxhash64")]
         if not wanted:
             return
-        for table in tree.find_all(exp.Table):
-            self.engine.declare(table)
+        for table in targets:
+            if isinstance(table, exp.Table):
+                self.engine.declare(table)
         scopes = spark_types.Scopes(self.engine.types)
         for node in wanted:
             select, ctes = scopes.context(node)
             operands = [node.this, node.expression] if isinstance(node, exp.Div) else node.expressions
             node.meta["spark"] = [scopes.type_of(a, select, ctes) if select is not None else None for a in operands]
 
-    def _bottom_up(self, node: Any) -> Any:
-        """``node`` rewritten children first, so that a rewrite wraps operands already rewritten (sqlglot's
-        ``transform`` does not descend into a node a rewrite returned)."""
-        exp = self.exp
-        for key, value in list(node.args.items()):
-            if isinstance(value, exp.Expr):
-                node.set(key, self._bottom_up(value))
-            elif isinstance(value, list):
-                done = [self._bottom_up(v) if isinstance(v, exp.Expr) else v for v in value]
-                node.set(key, [v for v in done if v is not None])
-        return self._rewrite(node)
+    def _bottom_up(self, tree: Any, targets: list[Any]) -> Any:
+        """``tree`` with every node :meth:`_rewrite` changes replaced, children before their parents, so that a
+        rewrite wraps operands already rewritten. Only ``targets`` are visited, the nodes of the types it
+        rewrites in breadth-first order (a delta holds thousands of nodes, few of which change)."""
+        for node in reversed(targets):  # breadth-first, reversed: deeper nodes first
+            new = self._rewrite(node)
+            if new is node:
+                continue
+            if node is tree:
+                tree = new
+            elif new is None:
+                node.pop()
+            else:
+                node.replace(new)
+        return tree
 
     def _check(self, node: Any) -> None:
         exp = self.exp

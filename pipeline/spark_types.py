@@ -118,6 +118,20 @@ def parse_type(text: str) -> SparkType:
     return aliases.get(t, t)
 
 
+#: a CAST's target type node (compared by structure) -> its Spark type: rendering the node is the dear part
+_CAST_TYPES: dict[Any, SparkType] = {}
+
+
+def _cast_type(to: Any) -> SparkType:
+    """Spark's type of a CAST to ``to`` (a sqlglot DataType), memoized per process (bounded)."""
+    found = _CAST_TYPES.get(to)
+    if found is None:
+        if len(_CAST_TYPES) > 4096:
+            _CAST_TYPES.clear()
+        found = _CAST_TYPES[to.copy()] = parse_type(to.sql("spark"))
+    return found
+
+
 class Scopes:
     """Spark types of a rendered query's expressions. ``relations``: the columns of every relation it reads
     by name (as the FROM item spells it), each a dict of column name to Spark type."""
@@ -267,7 +281,7 @@ class Scopes:
         if isinstance(e, exp.Boolean | exp.Predicate | exp.Connector | exp.Not | exp.Exists):
             return "BOOLEAN"
         if isinstance(e, exp.Cast | exp.TryCast):
-            return parse_type(e.to.sql("spark"))
+            return _cast_type(e.to)
         if isinstance(e, exp.Add | exp.Sub | exp.Mul | exp.Div):
             op = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/"}[type(e)]
             lit = lambda x: x.name if isinstance(x, exp.Literal) and not x.is_string and x.name.lstrip("-").isdigit() else None  # noqa: E731
