@@ -308,7 +308,8 @@ def _allowed() -> tuple[type, ...]:
             exp.GenerateSeries, exp.Concat, exp.Like, exp.Interval, exp.Anonymous, exp.Tuple, exp.Greatest,
             exp.Least, exp.Avg, exp.Abs, exp.Sqrt, exp.BitwiseXor, exp.BitwiseAnd, exp.BitwiseOr, exp.Mod,
             exp.Values, exp.TsOrDsAdd, exp.Extract, exp.Year, exp.Month, exp.Day, exp.Quarter, exp.Substring,
-            exp.TsOrDsToDate)
+            exp.TsOrDsToDate, exp.LogicalOr, exp.LogicalAnd, exp.BitwiseXorAgg, exp.BitwiseAndAgg, exp.BitwiseOrAgg,
+            exp.Upper, exp.Lower, exp.Length, exp.Lag, exp.Lead, exp.Ntile)
 
 
 _CAST_FAMILY = {"BIGINT": "INT", "INT": "INT", "SMALLINT": "INT", "TINYINT": "INT", "DOUBLE": "FLOAT",
@@ -325,6 +326,16 @@ def _positive_literal(node: Any) -> bool:
     return isinstance(node, exp.Literal) and not node.is_string and node.name.isdigit() and int(node.name) >= 1
 
 
+def _copies(node: Any) -> bool:
+    """Whether ``node`` is the plain-rows rule's ``sequence(1, __dw)`` (a BIGINT weight, read only where it is
+    positive: the same BIGINTs in both engines)."""
+    from sqlglot import exp
+
+    start, end = node.args.get("start"), node.args.get("end")
+    return (isinstance(node, exp.GenerateSeries) and isinstance(start, exp.Literal) and start.name == "1"
+            and isinstance(end, exp.Column) and end.name == "__dw" and node.args.get("step") is None)
+
+
 class _Translator:
     """Spark SQL of one refresh to DuckDB SQL over the relations :class:`LocalEngine` registered."""
 
@@ -337,7 +348,8 @@ class _Translator:
         #: the node types :meth:`_rewrite` may change
         self.rewritten = (exp.Table, exp.Anonymous, exp.Div, exp.Mod, exp.TsOrDsAdd, exp.Extract, exp.Year,
                           exp.Month, exp.Day, exp.Quarter, exp.TsOrDsToDate, exp.Substring, exp.Cast, exp.TryCast,
-                          exp.Avg, exp.Concat, exp.GenerateSeries, exp.Hint, exp.JoinHint)
+                          exp.Avg, exp.Concat, exp.GenerateSeries, exp.Hint, exp.JoinHint, exp.Upper, exp.Lower,
+                          exp.Length, exp.Window)
 
     def __call__(self, sql: str) -> str:
         import sqlglot
@@ -453,10 +465,20 @@ class _Translator:
             raise Unsupported("AVG as a window function")
         if isinstance(node, exp.Lateral) and not (
                 isinstance(node.this, exp.Explode) and not node.args.get("outer")
-                and isinstance(node.this.this, exp.Array | exp.GenerateSeries)):
-            # the rules' own explode(array(...)) and explode(sequence(1, n)); DuckDB's UNNEST of a user's
-            # array or map column, or an OUTER one, does not keep Spark's rows
-            raise Unsupported("LATERAL other than LATERAL VIEW explode(array(...)) or explode(sequence(...))")
+                and (isinstance(node.this.this, exp.Array) or _copies(node.this.this))) and not (
+                isinstance(node.this, exp.Subquery) and not node.args.get("view")):
+            # the rules' own explode(array(...)) and explode(sequence(1, __dw)), and lateral subqueries (a
+            # correlated subquery per row in both); DuckDB's UNNEST of a user's array or map column, or an
+            # OUTER one, does not keep Spark's rows, and Spark's sequence(1, 0) counts down, DuckDB's is empty
+            raise Unsupported("LATERAL other than a subquery, or LATERAL VIEW explode(array(...)) or "
+                              "explode(sequence(1, __dw))")
+        if isinstance(node, exp.Lag | exp.Lead):
+            offset, default = node.args.get("offset"), node.args.get("default")
+            if not ((offset is None or _positive_literal(offset)) and (default is None or isinstance(default, exp.Null))):
+                # a default is coerced to the argument's type by each engine's own rules
+                raise Unsupported(f"{type(node).__name__.upper()} other than by a literal offset without a default")
+        if isinstance(node, exp.Ntile) and not _positive_literal(node.this):
+            raise Unsupported("NTILE of other than a positive literal")
         if isinstance(node, exp.Explode) and not isinstance(node.parent, exp.Lateral):
             raise Unsupported("explode outside LATERAL VIEW")
         if isinstance(node, exp.Extract) and node.name.upper() not in _DATE_PARTS:
@@ -526,6 +548,20 @@ class _Translator:
             return self._guarded("date", node.this, None, node.this.copy())
         if isinstance(node, exp.Substring):
             return self._guarded("string", node.this, None, node.copy())
+        if isinstance(node, exp.Length):  # characters (code points) of a VARCHAR in both; Spark's INT
+            return self._guarded("string", node.this, None, exp.cast(exp.Length(this=node.this.copy()), "INT"))
+        if isinstance(node, exp.Upper | exp.Lower):
+            # Java's and DuckDB's case tables differ past ASCII ('ß' upper is 'SS' in Spark): a row with other
+            # characters (more bytes than characters) stops DuckDB, and Spark computes the delta
+            ascii_only = exp.EQ(this=exp.Anonymous(this="strlen", expressions=[node.this.copy()]),
+                                expression=exp.Length(this=node.this.copy()))
+            value = exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Paren(this=ascii_only)), true=exp.Anonymous(
+                this="error", expressions=[exp.Literal.string(
+                    f"trickle-unsupported: {type(node).__name__.upper()} of a string past ASCII")]))],
+                default=type(node)(this=node.this.copy()))
+            return self._guarded("string", node.this, None, value)
+        if isinstance(node, exp.Window) and isinstance(node.this, exp.RowNumber | exp.Rank | exp.DenseRank | exp.Ntile):
+            return exp.cast(node.copy(), "INT")  # an INT in Spark, a BIGINT in DuckDB (hashed otherwise)
         if isinstance(node, exp.Div):
             zero = exp.EQ(this=node.expression.copy(), expression=exp.Literal.number(0))
             value = exp.Case(ifs=[exp.If(this=zero, true=exp.Anonymous(

@@ -34,7 +34,9 @@ from oracle import Col, TableSpec, check_many, run_oracle
 from pipeline import SourceError
 from tests.conftest import local_engine_mode
 
-_engine = local_engine_mode("verify")  # every delta computed by both engines and compared
+# DuckDB computes the deltas it can, as in production (the suite's default); tests/test_local_engine.py
+# compares its lateral subqueries and explodes with Spark's
+_engine = local_engine_mode("auto")
 
 CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 
