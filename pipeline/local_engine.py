@@ -28,6 +28,12 @@ function over ``typeof``, which DuckDB folds while planning, so it costs nothing
 * ``EXTRACT`` / ``year`` / ``month`` / ``day`` / ``quarter`` of a DATE only, cast to Spark's INT (DuckDB gives a
   BIGINT, which hashes otherwise); ``SUBSTRING`` of a string only, from a literal position of at least 1 for
   a literal length (Spark reads position 0 as 1 and a negative length as 0, DuckDB does not).
+* ``LENGTH`` of a string only, cast to Spark's INT; ``UPPER`` / ``LOWER`` of ASCII strings only (a row with
+  other characters stops DuckDB: Java's case tables are not DuckDB's); ``ROW_NUMBER`` / ``RANK`` /
+  ``DENSE_RANK`` / ``NTILE`` cast to Spark's INT; ``NTH_VALUE`` by a literal position; ``LAG`` / ``LEAD`` by a literal offset without a default
+  (each engine coerces a default its own way).
+* ``LATERAL`` subqueries (correlated per row in both), and ``explode`` only of the rules' own ``array(...)``
+  and ``sequence(1, __dw)`` (a user's ``sequence(1, 0)`` counts down in Spark; INT bounds give INT elements).
 * Fixpoints (held relations, a recursive UNION's rounds, the counting series of the UNION ALL rules) are
   evaluated round by round as :func:`pipeline.fixpoints.run` evaluates them, and Spark's own ``WITH
   RECURSIVE`` round by round too (:meth:`_Translator._recursions`: DuckDB's own would not stop where Spark
@@ -309,7 +315,8 @@ def _allowed() -> tuple[type, ...]:
             exp.Least, exp.Avg, exp.Abs, exp.Sqrt, exp.BitwiseXor, exp.BitwiseAnd, exp.BitwiseOr, exp.Mod,
             exp.Values, exp.TsOrDsAdd, exp.Extract, exp.Year, exp.Month, exp.Day, exp.Quarter, exp.Substring,
             exp.TsOrDsToDate, exp.LogicalOr, exp.LogicalAnd, exp.BitwiseXorAgg, exp.BitwiseAndAgg, exp.BitwiseOrAgg,
-            exp.Upper, exp.Lower, exp.Length, exp.Lag, exp.Lead, exp.Ntile)
+            exp.Upper, exp.Lower, exp.Length, exp.Lag, exp.Lead, exp.Ntile, exp.Offset, exp.NthValue,
+            exp.PercentRank, exp.CumeDist)
 
 
 _CAST_FAMILY = {"BIGINT": "INT", "INT": "INT", "SMALLINT": "INT", "TINYINT": "INT", "DOUBLE": "FLOAT",
@@ -477,6 +484,9 @@ class _Translator:
             if not ((offset is None or _positive_literal(offset)) and (default is None or isinstance(default, exp.Null))):
                 # a default is coerced to the argument's type by each engine's own rules
                 raise Unsupported(f"{type(node).__name__.upper()} other than by a literal offset without a default")
+        if isinstance(node, exp.NthValue) and not (_positive_literal(node.args.get("offset"))
+                                                    and node.args.get("from_first") is None):
+            raise Unsupported("NTH_VALUE other than by a literal position")
         if isinstance(node, exp.Ntile) and not _positive_literal(node.this):
             raise Unsupported("NTILE of other than a positive literal")
         if isinstance(node, exp.Explode) and not isinstance(node.parent, exp.Lateral):

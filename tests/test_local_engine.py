@@ -98,6 +98,9 @@ def test_date_parts_and_substrings_are_sparks(spark: Any, expr: str) -> None:
     "xxhash64(ntile(4) OVER (ORDER BY n), row_number() OVER (ORDER BY n), rank() OVER (ORDER BY b), "
     "dense_rank() OVER (ORDER BY b)) FROM t ORDER BY n",
     "SELECT n, e FROM t LATERAL VIEW explode(array(i, 1, NULL)) x AS e ORDER BY n, e",
+    "SELECT n FROM t ORDER BY n DESC LIMIT 2 OFFSET 1",
+    "SELECT n, percent_rank() OVER (ORDER BY b), cume_dist() OVER (PARTITION BY b ORDER BY i), "
+    "nth_value(i, 2) OVER (ORDER BY n), nth_value(s, 1) OVER (PARTITION BY b ORDER BY n) FROM t ORDER BY n",
     "SELECT n, e, xxhash64(e) FROM (SELECT n, n + 1 AS __dw FROM t) LATERAL VIEW explode(sequence(1, __dw)) x AS e "
     "ORDER BY n, e",
     "SELECT t.n, l.m FROM t, LATERAL (SELECT MAX(u.n) AS m FROM t u WHERE u.n < t.n) l ORDER BY t.n",
