@@ -794,18 +794,13 @@ class LocalEngine:
 
         limit = int(self.spark.conf.get(LEVEL_LIMIT, "100")) if self.spark is not None else 100
         step = self._netted(spec, self.translate(self.bind(spec.step or "")))
-        parts = [f"{view}__round0"]
-        first = seed if spec.weighted else f"SELECT DISTINCT * FROM ({seed}) AS __d"
-        self.con.execute(f"CREATE TEMP TABLE {_q(parts[0])} AS {first}")
-        union = lambda: " UNION ALL ".join(f"SELECT * FROM {_q(p)}" for p in parts)  # noqa: E731
-        while self._rows(parts[-1]):
-            if 0 <= limit < len(parts):  # Spark raises the error the user should see
+
+        def body(rounds: list[str]) -> str:
+            if 0 <= limit < len(rounds):  # Spark raises the error the user should see
                 raise Unsupported(f"a recursive fixpoint past {limit} rounds", lasting=False)
-            self.con.execute(f"CREATE OR REPLACE TEMP VIEW {_q(PREV)} AS SELECT * FROM {_q(parts[-1])}")
-            body = step if spec.weighted else f"SELECT * FROM ({step}) AS __n EXCEPT SELECT * FROM ({union()}) AS __seen"
-            parts.append(f"{view}__round{len(parts)}")
-            self.con.execute(f"CREATE TEMP TABLE {_q(parts[-1])} AS {body}")
-        self.con.execute(f"CREATE TEMP TABLE {_q(view)} AS {union()}")
+            return step if spec.weighted else f"SELECT * FROM ({step}) AS __n EXCEPT SELECT * FROM ({_union(rounds)}) AS __seen"
+
+        self._rounds(view, seed if spec.weighted else f"SELECT DISTINCT * FROM ({seed}) AS __d", body, PREV)
 
     def fresh(self, prefix: str) -> str:
         """A relation name no other relation of this refresh has."""
@@ -823,22 +818,42 @@ class LocalEngine:
                                                                                  "1000000")
         named = f" AS __r({', '.join(_q(c) for c in columns)})" if columns else " AS __r"
         name = self.fresh("__trickle_rec")
-        rounds = [f"{name}_0"]
-        self.con.execute(f"CREATE TEMP TABLE {_q(rounds[0])} AS SELECT * FROM ({anchor}){named}")
-        types = [str(t) for t in self.con.sql(f"SELECT * FROM {_q(rounds[0])}").types]
-        total = self._rows(rounds[0])
-        while self._rows(rounds[-1]):
-            if 0 <= levels and len(rounds) >= levels - 1 or 0 <= max_rows and 2 * total > max_rows:
-                raise Unsupported("a recursion near Spark's level or row limit", lasting=False)
-            self.con.execute(f"CREATE OR REPLACE TEMP VIEW {_q(prev)} AS SELECT * FROM {_q(rounds[-1])}")
-            rounds.append(f"{name}_{len(rounds)}")
-            self.con.execute(f"CREATE TEMP TABLE {_q(rounds[-1])} AS SELECT * FROM ({step}){named}")
-            if [str(t) for t in self.con.sql(f"SELECT * FROM {_q(rounds[-1])}").types] != types:
+        types: list[str] = []
+        total = [0]
+
+        def done(table: str) -> None:  # every round, the anchor's included
+            kinds = [str(t) for t in self.con.sql(f"SELECT * FROM {_q(table)}").types]
+            if types and kinds != types:
                 raise Unsupported("a recursive step of other column types than its anchor")
-            total += self._rows(rounds[-1])
-        self.con.execute(f"CREATE TEMP TABLE {_q(name)} AS "
-                         + " UNION ALL ".join(f"SELECT * FROM {_q(r)}" for r in rounds))
+            types[:] = kinds
+            total[0] += self._rows(table)
+
+        def body(rounds: list[str]) -> str:
+            if 0 <= levels and len(rounds) >= levels - 1 or 0 <= max_rows and 2 * total[0] > max_rows:
+                raise Unsupported("a recursion near Spark's level or row limit", lasting=False)
+            return f"SELECT * FROM ({step}){named}"
+
+        self._rounds(name, f"SELECT * FROM ({anchor}){named}", body, prev, done)
         return name
+
+    def _rounds(self, name: str, first: str, body: Callable[[list[str]], str], prev: str,
+                done: Callable[[str], None] | None = None) -> None:
+        """Table ``name``: the rows of ``first`` and of every following round until one is empty, each round
+        ``body(rounds so far)`` reading the last round as the view ``prev``, and ``done(round)`` called on each
+        (both may refuse, see :class:`Unsupported`). Spark's fixpoints and recursions both run so (see the
+        callers)."""
+        rounds = [f"{name}__round0"]
+        self.con.execute(f"CREATE TEMP TABLE {_q(rounds[0])} AS {first}")
+        if done is not None:
+            done(rounds[0])
+        while self._rows(rounds[-1]):
+            sql = body(rounds)
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW {_q(prev)} AS SELECT * FROM {_q(rounds[-1])}")
+            rounds.append(f"{name}__round{len(rounds)}")
+            self.con.execute(f"CREATE TEMP TABLE {_q(rounds[-1])} AS {sql}")
+            if done is not None:
+                done(rounds[-1])
+        self.con.execute(f"CREATE TEMP TABLE {_q(name)} AS {_union(rounds)}")
 
     def _rows(self, table: str) -> int:
         row = self.con.execute(f"SELECT COUNT(*) FROM {_q(table)}").fetchone()
@@ -847,6 +862,10 @@ class LocalEngine:
 
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+def _union(tables: list[str]) -> str:
+    return " UNION ALL ".join(f"SELECT * FROM {_q(t)}" for t in tables)
 
 
 def _spark_types(table: Any, duck_types: list[str]) -> Any:
