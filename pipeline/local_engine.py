@@ -559,16 +559,20 @@ class _Translator:
         if isinstance(node, exp.Substring):
             return self._guarded("string", node.this, None, node.copy())
         if isinstance(node, exp.Length):  # characters (code points) of a VARCHAR in both; Spark's INT
-            return self._guarded("string", node.this, None, exp.cast(exp.Length(this=node.this.copy()), "INT"))
+            # (the cast of a VARCHAR to itself changes nothing; it keeps DuckDB's binder from failing on
+            # another type before the guard refuses it, lastingly)
+            text = exp.cast(node.this.copy(), "VARCHAR")
+            return self._guarded("string", node.this, None, exp.cast(exp.Length(this=text), "INT"))
         if isinstance(node, exp.Upper | exp.Lower):
             # Java's and DuckDB's case tables differ past ASCII ('ß' upper is 'SS' in Spark): a row with other
             # characters (more bytes than characters) stops DuckDB, and Spark computes the delta
-            ascii_only = exp.EQ(this=exp.Anonymous(this="strlen", expressions=[node.this.copy()]),
-                                expression=exp.Length(this=node.this.copy()))
+            text = lambda: exp.cast(node.this.copy(), "VARCHAR")  # noqa: E731 - as for LENGTH above
+            ascii_only = exp.EQ(this=exp.Anonymous(this="strlen", expressions=[text()]),
+                                expression=exp.Length(this=text()))
             value = exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Paren(this=ascii_only)), true=exp.Anonymous(
                 this="error", expressions=[exp.Literal.string(
                     f"trickle-unsupported: {type(node).__name__.upper()} of a string past ASCII")]))],
-                default=type(node)(this=node.this.copy()))
+                default=type(node)(this=text()))
             return self._guarded("string", node.this, None, value)
         if isinstance(node, exp.Window) and isinstance(node.this, exp.RowNumber | exp.Rank | exp.DenseRank | exp.Ntile):
             return exp.cast(node.copy(), "INT")  # an INT in Spark, a BIGINT in DuckDB (hashed otherwise)
