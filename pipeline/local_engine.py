@@ -20,7 +20,8 @@ function over ``typeof``, which DuckDB folds while planning, so it costs nothing
 * ``xxhash64`` (row ids: they must equal those Spark computes in FULL refreshes) is Spark's XXH64, per
   argument type as Spark hashes it (:func:`_spark_hash`); DECIMAL and timestamp arguments are refused, since
   DuckDB's precision for a decimal expression is not always Spark's, and Spark hashes a decimal by it.
-* ``/`` on a DECIMAL is refused (Spark divides exactly, at a result scale of its own; DuckDB in double); a
+* ``/`` on a DECIMAL, and ``AVG`` of one, are Spark's exact quotient at Spark's result type (DuckDB divides
+  them in double): the operands go to :func:`_divide` as text, which rounds as Spark's ``Decimal./`` does; a
   zero divisor raises, as Spark's ANSI mode does.
 * CASTs: DuckDB rounds a decimal or double cast to an integer where Spark truncates, parses and prints
   strings its own way, and so on; only the pairs in :data:`_CASTS` pass.
@@ -224,18 +225,37 @@ def _hash_udf(values: Any, kinds: Any, seeds: Any, sparks: Any) -> Any:
 
 
 def _divide(a: str | None, b: str | None, scale: int) -> str | None:
-    """Spark's quotient of two decimals (given as text): ``BigDecimal.divide`` to 38 significant digits,
-    then rounded to the result's ``scale``, both HALF_UP."""
+    """Spark's quotient of two decimals (given as text), as ``Decimal./`` computes it: ``BigDecimal.divide``
+    to 39 decimal places, then rounded to the result's ``scale``, both HALF_UP (ties away from zero). In
+    integers, so that neither rounding is approximated."""
     import decimal
 
     if a is None or b is None:
         return None
-    x, y = decimal.Decimal(a), decimal.Decimal(b)
-    if y == 0:
+    x, y = decimal.Decimal(a).as_tuple(), decimal.Decimal(b).as_tuple()
+    num, den = _unscaled(x), _unscaled(y)
+    if den == 0:
         raise ValueError("division by zero")
-    q = decimal.Context(prec=38, rounding=decimal.ROUND_HALF_UP).divide(x, y)
-    return str(q.quantize(decimal.Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_UP,
-                          context=decimal.Context(prec=80)))
+    shift = 39 + int(x.exponent) - int(y.exponent)  # x / y * 10**39, as num / den
+    num, den = (num * 10 ** shift, den) if shift >= 0 else (num, den * 10 ** -shift)
+    q39 = _half_up(num, den)
+    q = _half_up(q39, 10 ** (39 - scale))
+    digits = str(abs(q)).rjust(scale + 1, "0")
+    text = f"{digits[:len(digits) - scale]}.{digits[len(digits) - scale:]}" if scale else digits
+    return f"-{text}" if q < 0 else text
+
+
+def _unscaled(t: Any) -> int:
+    n = int("".join(map(str, t.digits)) or "0")
+    return -n if t.sign else n
+
+
+def _half_up(num: int, den: int) -> int:
+    """num / den rounded to an integer, ties away from zero."""
+    q, r = divmod(abs(num), abs(den))
+    if 2 * r >= abs(den):
+        q += 1
+    return -q if (num < 0) != (den < 0) else q
 
 
 def _divide_udf(a: Any, b: Any, scales: Any) -> Any:
@@ -267,6 +287,10 @@ def _guard(kind: str, a: str, b: str | None) -> bool:
     if kind == "avg":
         if not (a in _INTEGRAL or a in ("DOUBLE", "FLOAT")):
             raise ValueError(f"trickle-unsupported: AVG of a {a} (Spark averages decimals exactly)")
+        return True
+    if kind == "avgdec":  # Spark's argument is a decimal: DuckDB's must sum exactly too
+        if not (a.startswith("DECIMAL") or a in _INTEGRAL):
+            raise ValueError(f"trickle-unsupported: AVG of a {a} where Spark averages a decimal")
         return True
     if kind == "divdec":  # an exact decimal quotient: both operands decimal or integral in DuckDB too
         for t in (a, b or ""):
@@ -429,7 +453,7 @@ class _Translator:
         and ``xxhash64``'s arguments (among ``targets``, the tree's nodes :meth:`_rewrite` looks at), in the
         nodes' ``meta``."""
         exp = self.exp
-        wanted = [n for n in targets if isinstance(n, exp.Div) or (
+        wanted = [n for n in targets if isinstance(n, exp.Div | exp.Avg) or (
             isinstance(n, exp.Anonymous) and n.name.lower() == "xxhash64")]
         if not wanted:
             return
@@ -439,7 +463,8 @@ class _Translator:
         scopes = spark_types.Scopes(self.engine.types)
         for node in wanted:
             select, ctes = scopes.context(node)
-            operands = [node.this, node.expression] if isinstance(node, exp.Div) else node.expressions
+            operands = ([node.this, node.expression] if isinstance(node, exp.Div) else
+                        [node.this] if isinstance(node, exp.Avg) else node.expressions)
             node.meta["spark"] = [scopes.type_of(a, select, ctes) if select is not None else None for a in operands]
 
     def _bottom_up(self, tree: Any, targets: list[Any]) -> Any:
@@ -590,6 +615,14 @@ class _Translator:
             return self._guarded(f"cast:{_CAST_FAMILY[name]}", node.this, None, cast)
         if isinstance(node, exp.Avg):  # typeof(min(x)): the argument's type, inside the aggregate's context
             probe = exp.Min(this=node.this.copy())
+            kind = (node.meta.get("spark") or [None])[0]
+            if isinstance(kind, spark_types.Decimal):  # Spark's Average: the exact SUM / COUNT at its result type
+                result = spark_types.bounded(kind.precision + 4, kind.scale + 4)
+                quotient = exp.Anonymous(this="__trickle_div", expressions=[
+                    exp.cast(exp.Sum(this=node.this.copy()), "VARCHAR"),
+                    exp.cast(exp.Count(this=node.this.copy()), "VARCHAR"), exp.Literal.number(result.scale)])
+                return self._guarded("avgdec", probe, None,
+                                     exp.cast(quotient, f"DECIMAL({result.precision}, {result.scale})"))
             return self._guarded("avg", probe, None, exp.Avg(this=node.this.copy()))
         if isinstance(node, exp.Concat):
             return exp.Concat(expressions=[self._guarded("cast:VARCHAR", a, None, exp.cast(a.copy(), "VARCHAR"))

@@ -117,6 +117,31 @@ def test_functions_and_laterals_are_sparks(spark: Any, sql: str) -> None:
 
 
 @pytest.mark.parametrize("sql", [
+    "SELECT avg(x), avg(y), avg(i), avg(l) FROM t",
+    "SELECT n % 2, avg(x), avg(y) FROM t GROUP BY n % 2 ORDER BY 1",
+    "SELECT b, avg(x) FROM t WHERE x IS NULL OR n < 2 GROUP BY b ORDER BY 1",  # a group of NULLs only
+    "SELECT n FROM t WHERE x > (SELECT avg(x) FROM t WHERE x < 100) ORDER BY n",  # TPC-H Q22's shape
+])
+def test_avg_of_decimals_is_sparks(spark: Any, sql: str) -> None:
+    """Spark averages a DECIMAL(p, s) exactly, SUM / COUNT at DECIMAL(p + 4, s + 4) rounded half up; DuckDB
+    in double. The engine divides as Spark does (``_divide``), so the values and their types agree."""
+    from pipeline import spark_types
+
+    spark.createDataFrame(ROWS).createOrReplaceTempView("t")
+    types = {"x": spark_types.Decimal(10, 2), "y": spark_types.Decimal(25, 4), "n": "BIGINT", "i": "INT",
+             "f": "DOUBLE", "b": "BOOLEAN"}
+    expected = [tuple(r) for r in spark.sql(sql).collect()]
+    assert _duck_rows(sql, ROWS, types) == expected, sql
+    # group 2: 0.01 / 32 = 0.0003125, a tie at AVG's scale 6: rounded away from zero in both signs
+    ties = pa.table({"x": pa.array([Decimal("0.01"), Decimal("0.00")] * 2 + [Decimal("0.00")] * 30,
+                                   pa.decimal128(10, 2)), "g": pa.array([1, 1] + [2] * 32, pa.int64())})
+    tie_sql = "SELECT g, avg(x), avg(-x) FROM t GROUP BY g ORDER BY g"
+    spark.createDataFrame(ties).createOrReplaceTempView("t")
+    assert _duck_rows(tie_sql, ties, {"x": spark_types.Decimal(10, 2), "g": "BIGINT"}) == [
+        tuple(r) for r in spark.sql(tie_sql).collect()]
+
+
+@pytest.mark.parametrize("sql", [
     "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 5) SELECT n FROM r ORDER BY n",
     "WITH RECURSIVE h AS (SELECT i FROM t WHERE i IS NOT NULL AND i < 10), "
     "r(a, d) AS (SELECT i, 0 FROM h UNION ALL SELECT r.a, r.d + 1 FROM r JOIN h ON h.i = r.a WHERE r.d < 3) "
