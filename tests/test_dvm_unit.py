@@ -594,6 +594,14 @@ def test_scalar_subqueries_become_joins() -> None:
     assert labels[0].count("CASE") == 1  # SUM over no rows is NULL, as the LEFT JOIN gives
     assert sum(x.startswith("LeftJoin ON") for x in labels) == 2
     assert sum(x.startswith("Aggregate GROUP BY `") for x in labels) == 2
+    # FROM a, b with a correlated subquery in WHERE (TPC-H Q17): the LEFT JOIN sits on top of ``a, b``, and the
+    # WHERE's equality between them still becomes their join's condition (it was ON TRUE: a cross product)
+    plan = dvm.compile_query("SELECT a.id, b.y FROM a, b WHERE a.k = b.k AND b.y > 1 AND "
+                             "a.x < (SELECT AVG(c.z) FROM c WHERE c.k = a.k)", JOIN_SCHEMAS)
+    labels = _plan_labels(plan)
+    assert any(x.startswith("LeftJoin ON") for x in labels)
+    assert "InnerJoin ON `__t2` = `__t5`" in labels and "InnerJoin ON TRUE" not in labels, labels
+    assert any(x.startswith("Filter") and "> 1" in x and "__t2" not in x for x in labels), labels
     # identical subqueries share one join; a query without FROM reads the subquery as its FROM
     plan = dvm.compile_query("SELECT a.id, (SELECT MAX(c.z) FROM c) AS m, (SELECT MAX(c.z) FROM c) + 1 AS m1 "
                              "FROM a", JOIN_SCHEMAS)

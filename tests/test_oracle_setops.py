@@ -80,7 +80,10 @@ QUERIES = {
         "(SELECT SUM(b.v) FROM {b} b WHERE b.v > 2 AND a.k = b.k) FROM {a} a "
         "UNION ALL SELECT 'where_corr', a.id, (SELECT COUNT(c.v) + 1 FROM {c} c WHERE c.k = a.k), "
         "(SELECT COALESCE(SUM(c.v), -1) FROM {c} c WHERE c.k = a.k AND c.v > 1 HAVING COUNT(*) > 1) FROM {a} a "
-        "WHERE a.v >= (SELECT AVG(c.v) FROM {c} c WHERE c.k = a.k)"
+        "WHERE a.v >= (SELECT AVG(c.v) FROM {c} c WHERE c.k = a.k) "
+        # TPC-H Q17's shape: FROM a, b joined by the WHERE, beside a correlated subquery of one of them
+        "UNION ALL SELECT 'where_corr_join', a.id, b.v, a.v FROM {a} a, {b} b "
+        "WHERE a.k = b.k AND b.v > 1 AND a.v < (SELECT AVG(c.v) FROM {c} c WHERE c.k = b.k)"
     ),
     # CTEs read several times: a grouped CTE self-joined (inner and LEFT), a filtered one on both sides of
     # EXCEPT ALL

@@ -297,7 +297,12 @@ def absorb_equalities(node: Node, predicate: exp.Expression) -> exp.Expression |
     join's condition; the conjuncts left, in their order, or None. Why: the same rows (an inner join's
     condition and a filter above it are one predicate), but a join that knows its equalities reads its large
     input only where its delta's keys fall (:meth:`Inputs.keyed_post`), while ``ON TRUE`` reads all of it.
-    Columns only: an expression could fail (ANSI mode) on rows the other conjuncts would have dropped."""
+    Columns only: an expression could fail (ANSI mode) on rows the other conjuncts would have dropped.
+
+    The search also goes down the left input of a LEFT OUTER, SEMI or ANTI join: each of its rows passes (or
+    not) as a whole with its columns unchanged, so a conjunct over those columns alone means the same below
+    it. That is where a scalar subquery's decorrelated LEFT JOIN puts ``FROM a, b``: TPC-H Q17 joined its
+    changed lineitems with every part (``ON TRUE``) before the WHERE's ``p_partkey = l_partkey``."""
     conjuncts = list(predicate.flatten()) if isinstance(predicate, exp.And) else [predicate]
     absorbed: set[int] = set()
     _absorb(node, conjuncts, absorbed)
@@ -306,6 +311,11 @@ def absorb_equalities(node: Node, predicate: exp.Expression) -> exp.Expression |
 
 
 def _absorb(node: Node, conjuncts: list[exp.Expression], absorbed: set[int]) -> None:
+    if isinstance(node, BinaryJoin) and node.kind in ("LEFT OUTER", "LEFT SEMI", "LEFT ANTI"):
+        left = set(node.left.cols)
+        _absorb(node.left, [c for c in conjuncts if (names := {col.name for col in c.find_all(exp.Column)})
+                            and names <= left], absorbed)
+        return
     if type(node) is not InnerJoin:
         return
     left, right = set(node.left.cols), set(node.right.cols)
