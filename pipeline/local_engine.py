@@ -72,6 +72,10 @@ MAX_CHANGE_ROWS = "trickle.refresh.localEngineChangeRows"
 #: driver (default 1 GiB; filters and key filters usually read far less of them): a delta over larger
 #: tables runs where Spark runs it, on the cluster
 MAX_BYTES = "trickle.refresh.localEngineBelowBytes"
+#: Spark conf: disk DuckDB may spill to, in a folder under the system's temporary directory (default 4 GiB;
+#: DuckDB's own default is the working directory, without a limit). A delta that needs more fails on
+#: DuckDB, and Spark computes it
+SPILL_BYTES = "trickle.refresh.localEngineSpillBytes"
 
 
 class Unsupported(Exception):
@@ -645,13 +649,15 @@ class LocalEngine:
     """One refresh's delta evaluated by DuckDB: the relations it reads, registered once each."""
 
     def __init__(self, spark: Any, ctx: Context, read_version: int | None, max_change_rows: int,
-                 max_bytes: int = 1 << 30) -> None:
+                 max_bytes: int = 1 << 30, spill_bytes: int = 4 << 30) -> None:
+        import tempfile
+
         import duckdb
 
         self.spark, self.ctx, self.read_version = spark, ctx, read_version
         self.max_change_rows, self.max_bytes, self.bytes = max_change_rows, max_bytes, 0
-        self.con = duckdb.connect()
-        self.con.execute("SET threads = 2")
+        self.con = duckdb.connect(config={"threads": 2, "temp_directory": f"{tempfile.gettempdir()}/trickle-duckdb",
+                                          "max_temp_directory_size": f"{spill_bytes}B"})
         self.con.create_function("__trickle_h", _hash_udf, ["VARCHAR", "VARCHAR", "BIGINT", "VARCHAR"], "BIGINT",
                                  type="arrow", side_effects=False, null_handling="special")
         self.con.create_function("__trickle_div", _divide_udf, ["VARCHAR", "VARCHAR", "INTEGER"], "VARCHAR",
@@ -929,7 +935,7 @@ def collect(spark: Any, ctx: Context, sql: str, read_version: int | None) -> Any
     import duckdb
 
     engine = LocalEngine(spark, ctx, read_version, int(spark.conf.get(MAX_CHANGE_ROWS, "1000000")),
-                         int(spark.conf.get(MAX_BYTES, str(1 << 30))))
+                         int(spark.conf.get(MAX_BYTES, str(1 << 30))), int(spark.conf.get(SPILL_BYTES, str(4 << 30))))
     try:
         return engine.run(sql)
     except RecursionError as e:  # a predicate of thousands of ORs: its tree is deeper than Python recurses

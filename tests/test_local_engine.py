@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import random
 import re
+import tempfile
 from decimal import Decimal
 from typing import Any
 
@@ -199,6 +200,26 @@ def test_integer_division_and_zero_divisor() -> None:
 
     with pytest.raises(duckdb.Error, match="division by zero"):
         _duck("SELECT a / z FROM t", table)
+
+
+def test_spills_to_the_temp_folder_within_its_limit(tmp_path: Any, monkeypatch: Any) -> None:
+    """DuckDB's in-memory default spills into ``./.tmp`` without a limit: a runaway delta (a cross product
+    before this was caught) once left 46 GB there. The engine spills under the system's temporary folder, up to
+    ``trickle.refresh.localEngineSpillBytes``; past that DuckDB fails (and Spark computes the delta)."""
+    import duckdb
+
+    monkeypatch.chdir(tmp_path)
+    engine = local_engine.LocalEngine(None, _Ctx(), None, 1000, spill_bytes=8 << 20)  # type: ignore[arg-type]
+    try:
+        folder, cap = engine.con.execute("SELECT current_setting('temp_directory'), "
+                                         "current_setting('max_temp_directory_size')").fetchone()
+        assert folder.startswith(tempfile.gettempdir()) and cap.startswith("8.0 MiB"), (folder, cap)
+        engine.con.execute("SET memory_limit = '64MB'")
+        with pytest.raises(duckdb.Error, match="max_temp_directory_size"):
+            engine.con.execute("SELECT COUNT(*) FROM (SELECT * FROM range(30000000) ORDER BY random())").fetchall()
+    finally:
+        engine.con.close()
+    assert not (tmp_path / ".tmp").exists()
 
 
 def test_a_refresh_computed_by_duckdb(spark: Any, st: Any, tmp_path: Any) -> None:
