@@ -384,7 +384,7 @@ class _Translator:
         self.rewritten = (exp.Table, exp.Anonymous, exp.Div, exp.Mod, exp.TsOrDsAdd, exp.Extract, exp.Year,
                           exp.Month, exp.Day, exp.Quarter, exp.TsOrDsToDate, exp.Substring, exp.Cast, exp.TryCast,
                           exp.Avg, exp.Concat, exp.GenerateSeries, exp.Hint, exp.JoinHint, exp.Upper, exp.Lower,
-                          exp.Length, exp.Window)
+                          exp.Length, exp.Window, exp.Join)
 
     def __call__(self, sql: str) -> str:
         import sqlglot
@@ -636,7 +636,24 @@ class _Translator:
                                       end=exp.cast(node.args["end"].copy(), "BIGINT"))
         if isinstance(node, exp.Hint | exp.JoinHint):
             return None
+        if isinstance(node, exp.Join) and isinstance(node.this, exp.Lateral):
+            return self._lateral_join(node)
         return node
+
+    def _lateral_join(self, join: Any) -> Any:
+        """``L [CROSS] JOIN LATERAL explode(array(...)) AS r(c) [ON θ]`` as DuckDB's ``UNNEST`` in FROM, which
+        is lateral there (sqlglot renders the LATERAL for DuckDB as a second CROSS JOIN, which does not
+        parse). An outer one is refused: Spark keeps a left row whose array yields no row, and that needs
+        checking first. Lateral subqueries keep their form."""
+        exp = self.exp
+        lateral = join.this
+        if not isinstance(lateral.this, exp.Explode):
+            return join
+        if (join.side or "").upper() in ("LEFT", "RIGHT", "FULL"):
+            raise Unsupported(f"{join.side.upper()} JOIN LATERAL explode(...)")
+        on = join.args.get("on")
+        unnest = exp.Unnest(expressions=[lateral.this.this.copy()], alias=lateral.args["alias"].copy())
+        return exp.Join(this=unnest, on=on.copy()) if on is not None else exp.Join(this=unnest, kind="CROSS")
 
 
 # --- the engine --------------------------------------------------------------------------------------------

@@ -105,6 +105,10 @@ def test_date_parts_and_substrings_are_sparks(spark: Any, expr: str) -> None:
     "SELECT n, e, xxhash64(e) FROM (SELECT n, n + 1 AS __dw FROM t) LATERAL VIEW explode(sequence(1, __dw)) x AS e "
     "ORDER BY n, e",
     "SELECT t.n, l.m FROM t, LATERAL (SELECT MAX(u.n) AS m FROM t u WHERE u.n < t.n) l ORDER BY t.n",
+    # a user's LATERAL explode of an array built per row, as a join (the seed examples' flat_children)
+    "SELECT t.n, r.v FROM t CROSS JOIN LATERAL explode(array(t.n, t.n + 1)) AS r(v) ORDER BY 1, 2",
+    "SELECT t.n, r.v, xxhash64(r.v) FROM t, LATERAL explode(array(t.l, NULL, t.n * 2)) AS r(v) ORDER BY 1, 2",
+    "SELECT t.n, r.v FROM t JOIN LATERAL explode(array(t.n, 3)) AS r(v) ON r.v > t.n ORDER BY 1, 2",
     "SELECT t.n, l.c, l.x FROM t LEFT JOIN LATERAL (SELECT u.n AS c, u.i AS x FROM t u WHERE u.b = t.b "
     "ORDER BY u.n DESC LIMIT 1) l ON TRUE ORDER BY t.n",
     "SELECT t.n, l.c FROM t JOIN LATERAL (SELECT COUNT(*) AS c FROM t u WHERE u.l > t.l) l ON l.c > t.n ORDER BY t.n",
@@ -177,6 +181,7 @@ def test_recursions_refused(sql: str, why: str) -> None:
     ("SELECT length(f) FROM t", "string function over a DOUBLE"),
     ("SELECT lower(f) FROM t", "string function over a DOUBLE"),
     ("SELECT e FROM t LATERAL VIEW explode(sequence(1, 3)) x AS e", "LATERAL other than"),
+    ("SELECT t.n, r.v FROM t LEFT JOIN LATERAL explode(array(t.n)) AS r(v) ON TRUE", "LEFT JOIN LATERAL explode"),
     ("SELECT substr(s, 0, 2) FROM t", "SUBSTRING"),
     ("SELECT substr(s, -2) FROM t", "SUBSTRING"),
     ("SELECT year(s) FROM t", "VARCHAR)"),
