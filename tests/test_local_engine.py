@@ -134,16 +134,22 @@ def test_avg_of_decimals_is_sparks(spark: Any, sql: str) -> None:
 
     spark.createDataFrame(ROWS).createOrReplaceTempView("t")
     types = {"x": spark_types.Decimal(10, 2), "y": spark_types.Decimal(25, 4), "n": "BIGINT", "i": "INT",
-             "f": "DOUBLE", "b": "BOOLEAN"}
+             "l": "BIGINT", "b": "BOOLEAN"}
     expected = [tuple(r) for r in spark.sql(sql).collect()]
     assert _duck_rows(sql, ROWS, types) == expected, sql
-    # group 2: 0.01 / 32 = 0.0003125, a tie at AVG's scale 6: rounded away from zero in both signs
+
+
+def test_avg_of_a_decimal_rounds_a_tie_as_spark(spark: Any) -> None:
+    """Group 2: 0.01 / 32 = 0.0003125, a tie at AVG's scale 6, rounded away from zero in both signs."""
+    from pipeline import spark_types
+
     ties = pa.table({"x": pa.array([Decimal("0.01"), Decimal("0.00")] * 2 + [Decimal("0.00")] * 30,
                                    pa.decimal128(10, 2)), "g": pa.array([1, 1] + [2] * 32, pa.int64())})
     tie_sql = "SELECT g, avg(x), avg(-x) FROM t GROUP BY g ORDER BY g"
     spark.createDataFrame(ties).createOrReplaceTempView("t")
-    assert _duck_rows(tie_sql, ties, {"x": spark_types.Decimal(10, 2), "g": "BIGINT"}) == [
-        tuple(r) for r in spark.sql(tie_sql).collect()]
+    got = _duck_rows(tie_sql, ties, {"x": spark_types.Decimal(10, 2), "g": "BIGINT"})
+    assert got == [tuple(r) for r in spark.sql(tie_sql).collect()]
+    assert got[1] == (2, Decimal("0.000313"), Decimal("-0.000313")), got
 
 
 @pytest.mark.parametrize("sql", [

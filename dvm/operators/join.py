@@ -310,18 +310,21 @@ def absorb_equalities(node: Node, predicate: exp.Expression) -> exp.Expression |
     return exp.and_(*rest) if rest else None
 
 
+def _columns(c: exp.Expression) -> set[str]:
+    return {col.name for col in c.find_all(exp.Column)}
+
+
 def _absorb(node: Node, conjuncts: list[exp.Expression], absorbed: set[int]) -> None:
     if isinstance(node, BinaryJoin) and node.kind in ("LEFT OUTER", "LEFT SEMI", "LEFT ANTI"):
         left = set(node.left.cols)
-        _absorb(node.left, [c for c in conjuncts if (names := {col.name for col in c.find_all(exp.Column)})
-                            and names <= left], absorbed)
+        _absorb(node.left, [c for c in conjuncts if (names := _columns(c)) and names <= left], absorbed)
         return
     if type(node) is not InnerJoin:
         return
     left, right = set(node.left.cols), set(node.right.cols)
     below: dict[str, list[exp.Expression]] = {"left": [], "right": []}
     for c in conjuncts:
-        names = {col.name for col in c.find_all(exp.Column)}
+        names = _columns(c)
         if names and names <= left:
             below["left"].append(c)
         elif names and names <= right:
