@@ -946,13 +946,15 @@ def _spark_types(table: Any, duck_types: list[str]) -> Any:
     return pa.Table.from_arrays(cols, names=table.column_names)
 
 
-def collect(spark: Any, ctx: Context, sql: str, read_version: int | None) -> Any:
+def collect(spark: Any, ctx: Context, sql: str, read_version: int | None, conf: Any = None) -> Any:
     """The delta ``sql`` (rendered against ``ctx``) computed by DuckDB, as Arrow; raises :class:`Unsupported`
-    when it must run on Spark (see the module docstring)."""
+    when it must run on Spark (see the module docstring). ``conf``: where settings are read (default: the
+    session's)."""
     import duckdb
 
-    engine = LocalEngine(spark, ctx, read_version, int(spark.conf.get(MAX_CHANGE_ROWS, "1000000")),
-                         int(spark.conf.get(MAX_BYTES, str(1 << 30))), int(spark.conf.get(SPILL_BYTES, str(4 << 30))))
+    conf = conf if conf is not None else spark.conf
+    engine = LocalEngine(spark, ctx, read_version, int(conf.get(MAX_CHANGE_ROWS, "1000000")),
+                         int(conf.get(MAX_BYTES, str(1 << 30))), int(conf.get(SPILL_BYTES, str(4 << 30))))
     try:
         return engine.run(sql)
     except RecursionError as e:  # a predicate of thousands of ORs: its tree is deeper than Python recurses

@@ -47,6 +47,7 @@ from dvm.plan import plain_rows_sql
 from pipeline import fixpoints, local_engine, plain_rows, strategy
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
+from pipeline.session_conf import ConfReads
 
 
 @dataclass
@@ -117,6 +118,22 @@ class Refresher:
         #: why DuckDB cannot compute a table's delta, by (name, defining query): no second try (a reason that
         #: depends on the data, e.g. a change window too large, is not kept)
         self._local_refused: dict[tuple[str, str], str] = {}
+        self._thread = threading.local()
+
+    @property
+    def conf(self) -> Any:
+        """The Spark conf, read once per key during a refresh (see :mod:`pipeline.session_conf`)."""
+        reads = getattr(self._thread, "conf", None)
+        return reads if reads is not None else self.spark.conf
+
+    @contextmanager
+    def _conf_reads(self) -> Iterator[None]:
+        outer = getattr(self._thread, "conf", None)
+        self._thread.conf = ConfReads(self.spark.conf)
+        try:
+            yield
+        finally:
+            self._thread.conf = outer
 
     def is_strict(self) -> bool:
         """Strict mode: a refresh that would fall back from DIFFERENTIAL to FULL fails instead (and AUTO
@@ -126,7 +143,7 @@ class Refresher:
         and ``refresh_mode='FULL'``."""
         if self.strict is not None:
             return self.strict
-        return str(self.spark.conf.get(STRICT, "false")).strip().lower() == "true"
+        return str(self.conf.get(STRICT, "false")).strip().lower() == "true"
 
     def lock(self, name: str) -> threading.Lock:
         """One refresh at a time per stream table (manual calls, the scheduler and streaming batches)."""
@@ -213,7 +230,8 @@ class Refresher:
             started = time.time()
             t0 = time.perf_counter()
             try:
-                return self._refresh(d, started, t0, pin)
+                with self._conf_reads():
+                    return self._refresh(d, started, t0, pin)
             except _Inconsistent:
                 raise
             except Exception as e:
@@ -399,7 +417,7 @@ class Refresher:
         other modes and in strict mode, which never fall back."""
         if d.refresh_mode != "AUTO" or self.is_strict():
             return None
-        return strategy.budget(strategy.CostModel.from_dict(d.cost_model), self.spark.conf.get(strategy.AUTO_BUDGET, None))
+        return strategy.budget(strategy.CostModel.from_dict(d.cost_model), self.conf.get(strategy.AUTO_BUDGET, None))
 
     def _learn_dear_delta(self, d: StreamTableDef, ratio: float | None, seconds: float) -> None:
         """Record a cancelled DIFFERENTIAL refresh as plainly dearer than the query (its budget, and at least
@@ -462,15 +480,15 @@ class Refresher:
                     sizes = {v: size for v in {before, post[key]} if (size := log.table_size(v)) is not None}
             refs[key] = SourceRef(src.path, post[key], before, insert_only=only, sizes=sizes,
                                   change_bytes=w.change_bytes if w is not None else None)
-        hold_below = int(self.spark.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
-        by_driver = int(self.spark.conf.get(fixpoints.READ_BY_DRIVER_BELOW, str(1 << 20)))
+        hold_below = int(self.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
+        by_driver = int(self.conf.get(fixpoints.READ_BY_DRIVER_BELOW, str(1 << 20)))
         return Context(refs, target_path=d.path, materialize_changes=True, hold_below=hold_below,
                        driver_below=min(hold_below, by_driver),
-                       changes_driver_below=int(self.spark.conf.get(fixpoints.READ_CHANGES_BY_DRIVER_BELOW,
+                       changes_driver_below=int(self.conf.get(fixpoints.READ_CHANGES_BY_DRIVER_BELOW,
                                                                     str(by_driver))),
                        salt=salt if salt is not None else uuid.uuid4().hex, target_relation=target_relation,
                        small_delta=small_delta, float_identity=d.float_identity,
-                       key_filter_above=int(self.spark.conf.get(KEY_FILTER_ABOVE, str(32 << 20))))
+                       key_filter_above=int(self.conf.get(KEY_FILTER_ABOVE, str(32 << 20))))
 
     def _differential(self, d: StreamTableDef, pre: dict[str, int], post: dict[str, int],
                       windows: dict[str, Window], record: dict[str, Any],
@@ -479,7 +497,7 @@ class Refresher:
         plan = self.plan(d, windows)
         assert plan is not None
         small = strategy.collect_first(sum(w.change_bytes for w in windows.values()),
-                                       strategy.Limits.from_conf(self.spark.conf))
+                                       strategy.Limits.from_conf(self.conf))
         if small and read_version is not None and plan.nets_on_driver():
             ctx = self.context(d, pre, post, windows, salt=record["refresh_id"], small_delta=small)
             return self._apply_netted(d, plan, ctx, record, read_version)
@@ -529,10 +547,10 @@ class Refresher:
         and a difference fails the refresh."""
         if not self._local_wanted(d, record):
             return None
-        mode = local_engine.mode(self.spark.conf)
+        mode = local_engine.mode(self.conf)
         key = (d.name, d.maintained_query)
         try:
-            rows = local_engine.collect(self.spark, ctx, src, read_version)
+            rows = local_engine.collect(self.spark, ctx, src, read_version, self.conf)
         except local_engine.Unsupported as e:
             if e.lasting:
                 self._local_refused[key] = str(e)
@@ -547,7 +565,7 @@ class Refresher:
 
     def _local_wanted(self, d: StreamTableDef, record: dict[str, Any]) -> bool:
         """Whether DuckDB should try this table's delta: the engine is on, and it did not refuse the query."""
-        mode = local_engine.mode(self.spark.conf)
+        mode = local_engine.mode(self.conf)
         refused = self._local_refused.get((d.name, d.maintained_query))
         if refused is not None and mode == "auto":
             record["delta_engine"] = f"spark: {refused}"
@@ -559,8 +577,8 @@ class Refresher:
         (``trickle.refresh.holdTargetBelowBytes``, default 32 MiB, and ``trickle.refresh.holdTargetRows``, default
         100,000), read by delta-rs with no Spark job; None
         otherwise (the delta reads the Delta table). See :func:`connectors.delta_rs.read_small` for why."""
-        limit = int(self.spark.conf.get(HOLD_TARGET_BELOW, str(32 << 20)))
-        max_rows = int(self.spark.conf.get(HOLD_TARGET_ROWS, "100000"))
+        limit = int(self.conf.get(HOLD_TARGET_BELOW, str(32 << 20)))
+        max_rows = int(self.conf.get(HOLD_TARGET_ROWS, "100000"))
         rows = delta_rs.read_small(d.path, read_version, limit, max_rows) if read_version is not None else None
         meta = DeltaLog(self.spark, d.path).metadata(read_version) if rows is not None else None
         if rows is None or meta is None:
@@ -587,7 +605,7 @@ class Refresher:
             return None
         target = f"delta.{quote(d.path)}"
         statement = lambda rows: plan.merge_statement(target, rows)  # noqa: E731
-        limits = strategy.Limits.from_conf(self.spark.conf)
+        limits = strategy.Limits.from_conf(self.conf)
         change_bytes = sum(w.change_bytes for w in windows.values())
         collected = strategy.collect_first(change_bytes, limits)
         conf = self._job_conf(ctx, src) if collected else fixpoints.read_conf(ctx)
@@ -607,7 +625,7 @@ class Refresher:
     def _commit_collected(self, d: StreamTableDef, plan: dvm.Plan, rows: Any, protocol: dict[str, Any] | None,
                           record: dict[str, Any], read_version: int | None) -> dict[str, int] | None:
         """Commit collected change rows with the strategy chosen for them (see :mod:`pipeline.strategy`)."""
-        limits = strategy.Limits.from_conf(self.spark.conf)
+        limits = strategy.Limits.from_conf(self.conf)
         stored, update, appendable = _change_rows(plan)
         statement = lambda src: plan.merge_statement(f"delta.{quote(d.path)}", src)  # noqa: E731
         deletes = int(pc.sum(rows.column("__del")).as_py() or 0) if rows.num_rows else 0
@@ -635,7 +653,7 @@ class Refresher:
         1M rows with 1% changed (17K change rows, 4 shuffle partitions otherwise), the setting flipped every
         other refresh in one process: 594 -> 439 ms per refresh (medians of 8, warm)."""
         conf = fixpoints.read_conf(ctx)
-        limit = int(self.spark.conf.get(ONE_PARTITION_BELOW, str(16 << 20)))
+        limit = int(self.conf.get(ONE_PARTITION_BELOW, str(16 << 20)))
         read = ctx.bytes_read(sql) if limit > 0 else None
         return {**conf, **ONE_PARTITION} if read is not None and read < limit else conf
 
@@ -649,7 +667,7 @@ class Refresher:
         against 0.65 s, 1M rows 2.45 against 0.95 s. The rule before (the tables read, whole, under 64 MiB)
         ran such a 1M-row window interpreted, and never applied once delta-rs, which writes no checksum
         file, had committed to the table."""
-        limit = int(self.spark.conf.get(INTERPRETED_BELOW, str(256 << 10)))
+        limit = int(self.conf.get(INTERPRETED_BELOW, str(256 << 10)))
         read = ctx.bytes_read(sql) if limit > 0 else None
         return read is not None and read < limit
 
@@ -714,7 +732,7 @@ class Refresher:
         """The rows the table holds when a FULL refresh may collect its result and commit it with delta-rs
         (the table exists, held at most ``trickle.apply.fullCollectRowsBelow`` rows, and delta-rs may write
         it); None otherwise."""
-        limits = strategy.Limits.from_conf(self.spark.conf)
+        limits = strategy.Limits.from_conf(self.conf)
         if read_version is None or not limits.delta_rs or limits.full_collect_rows <= 0:
             return None
         if delta_rs.unusable(d.path, DeltaLog(self.spark, d.path).protocol(read_version)) is not None:

@@ -3,6 +3,8 @@ the rows and types Spark reads, or are left to Spark: CHAR padding, deletion vec
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Any
 
 from pipeline import fixpoints
@@ -154,3 +156,56 @@ def test_change_windows_delta_rs_might_read_differently_are_left_to_spark(spark:
         assert fixpoints._changes_by_driver(spark, _changes_seed(_path(spark, many), 1, 1)) is None
     finally:
         spark.conf.unset(fixpoints.READ_BY_DRIVER_ROWS)
+
+
+def _merge(path: str, read_version: int, rows: list[tuple[int, str, bool]]) -> None:
+    import pyarrow as pa
+
+    from connectors import delta_rs
+
+    changes = pa.table({"__row_id": pa.array([r[0] for r in rows], pa.int64()), "v": [r[1] for r in rows],
+                        "__del": [r[2] for r in rows]})
+    delta_rs.merge(path, changes, ["__row_id", "v"], True, {"refresh_id": f"r{read_version}"}, read_version,
+                   read_version + 1, "test")
+
+
+def test_commits_go_through_the_table_committed_before_only_while_it_is_that_table(spark: Any,
+                                                                                  unique_name: Any) -> None:
+    """delta-rs commits through the table object its previous commit left at the new version (no log replay),
+    but opens the table again when anything else committed meanwhile, or when the path holds a table dropped
+    and re-created since: the rows are always those of the table as it is."""
+    from connectors import delta_rs
+
+    name = unique_name("writer")
+    create = (f"CREATE TABLE {name} (__row_id BIGINT, v STRING) USING delta "
+              "TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    spark.sql(create)
+    spark.sql(f"INSERT INTO {name} VALUES (1, 'a'), (2, 'b')")  # version 1
+    path = _path(spark, name)
+
+    def rows() -> list[tuple[int, str]]:
+        return sorted(tuple(r) for r in spark.sql(f"SELECT * FROM delta.`{path}`").collect())
+
+    def kept() -> Any:
+        return delta_rs._WRITERS.get(os.path.abspath(delta_rs._local(path) or path), (None, None))[1]
+
+    _merge(path, 1, [(1, "a2", False), (3, "c", False)])  # version 2
+    first = kept()
+    assert first is not None and first.version() == 2
+    _merge(path, 2, [(2, "", True)])  # version 3, through the same object
+    assert kept() is first and first.version() == 3
+    assert rows() == [(1, "a2"), (3, "c")]
+    spark.sql(f"INSERT INTO {name} VALUES (4, 'd')")  # version 4, by Spark
+    _merge(path, 4, [(4, "d2", False)])  # version 5: opened again, sees Spark's row
+    assert kept() is not first and rows() == [(1, "a2"), (3, "c"), (4, "d2")]
+    second = kept()
+    spark.sql(f"DROP TABLE {name}")
+    shutil.rmtree(delta_rs._local(path) or path, ignore_errors=True)  # a managed table leaves nothing
+    spark.sql(create.replace("USING delta", f"USING delta LOCATION '{path}'"))
+    for i in range(5):  # versions 1-5 again, other rows
+        spark.sql(f"INSERT INTO {name} VALUES ({10 + i}, 'n')")
+    _merge(path, 5, [(10, "n2", False)])
+    assert kept() is not second
+    assert rows() == [(10, "n2"), (11, "n"), (12, "n"), (13, "n"), (14, "n")]
+    changes = spark.sql(f"SELECT _change_type FROM table_changes_by_path('{path}', 6, 6)").collect()
+    assert sorted(r[0] for r in changes) == ["update_postimage", "update_preimage"]
