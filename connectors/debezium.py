@@ -130,12 +130,18 @@ class _Mismatch(ValueError):
 
 
 class _Unavailable:
-    """Sentinel returned by converters for Debezium's unavailable-value placeholder."""
+    """Sentinel returned by converters for Debezium's unavailable-value placeholder. Compared by identity, so
+    it must stay one object when pickled: Spark's Python workers get the converters by value (cloudpickle
+    copies nested functions with the globals they read), and a copied sentinel went unrecognised there, left
+    in the row, and failed the whole micro-batch ("Expected bytes, got a '_Unavailable' object")."""
 
     __slots__ = ()
 
     def __repr__(self) -> str:
         return "<unavailable>"
+
+    def __reduce__(self) -> str:
+        return "_UNAVAILABLE"  # pickled as a reference to this module's one instance
 
 
 _UNAVAILABLE = _Unavailable()

@@ -195,6 +195,9 @@ class DeltaLog:
         seen = _PROTOCOL_SEEN.get(self.path)
         if seen is not None and seen[0] <= version and version - seen[0] <= 50 and all(
                 "protocol" not in a for v in range(seen[0] + 1, version + 1) for a in self.actions(v)):
+            # no protocol action since: the same protocol, now known at ``version`` (so a table committed to
+            # only by delta-rs, which writes no checksum file, is not looked up afresh after 50 commits)
+            _PROTOCOL_SEEN[self.path] = (version, seen[1])
             return seen[1]
         for v in range(version, max(-1, version - 50), -1):
             found = None
