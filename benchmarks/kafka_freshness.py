@@ -1,13 +1,23 @@
 """End-to-end freshness and throughput through Kafka: Debezium event produced -> visible in a stream table.
 
-    ./dev bench kafka                           # rates 500,1000,2000 events/s, 30 s each
-    ./dev bench kafka --rates 1000 --seconds 20
+    ./dev bench kafka                           # rates 1000,5000 events/s, 30 s each, each path
+    ./dev bench kafka --rates 1000 --seconds 20 --paths fused
 
 A real Kafka broker (services/kafka.py, KRaft) carries Debezium change events for two tables, ``customers``
 (a small dimension, updated now and then: join-key changes) and ``orders`` (inserts at the target rate,
 plus updates and deletes of recent orders). The job's pieces run in one Spark application as ``trickle
 run`` runs them: one ingestion query per topic (Debezium -> Delta mirror, :mod:`connectors.kafka_mirror`)
-and one IMMEDIATE stream table, a join + aggregate::
+and one IMMEDIATE stream table, a join + aggregate, kept fresh by one of three paths, side by side in one run:
+
+* ``fused`` (what ``trickle run`` does): each ingestion micro-batch commits its events to the mirror (small
+  batches decoded on the driver and committed by delta-rs) and then refreshes the stream table, in the same
+  ``foreachBatch`` (:mod:`pipeline.fused`);
+* ``polled``: the same mirror commits, and the stream table's own streaming query over the mirrors' change
+  feeds refreshes it (the IMMEDIATE query of a table over Delta sources);
+* ``before``: ``polled`` with every mirror batch committed by Spark's MERGE (``trickle.ingest.driverBelowRows=0``),
+  the pipeline as it ran before the fused path.
+
+The table::
 
     SELECT c.region, COUNT(*) AS n, SUM(o.amount) AS total
     FROM orders o JOIN customers c ON o.customer_id = c.id GROUP BY c.region
@@ -90,14 +100,29 @@ class Feed:
                 self.customer(self.rng.randrange(1, CUSTOMERS + 1))
 
 
-def run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: float) -> dict[str, Any]:
+PATHS = ("fused", "polled", "before")
+
+
+def run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: float, path: str) -> dict[str, Any]:
+    if path != "before":
+        return _run_rate(spark, st, broker, wh, rate, seconds, path)
+    from connectors.kafka_mirror import DRIVER_BELOW_ROWS
+
+    spark.conf.set(DRIVER_BELOW_ROWS, "0")
+    try:
+        return _run_rate(spark, st, broker, wh, rate, seconds, path)
+    finally:
+        spark.conf.unset(DRIVER_BELOW_ROWS)
+
+
+def _run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: float, path: str) -> dict[str, Any]:
     from kafka import KafkaProducer
 
     from connectors import kafka_mirror
     from connectors.debezium import SourceSchema
     from connectors.delta_log import DeltaLog
 
-    orders, customers, name = f"k_orders_{rate}", f"k_customers_{rate}", f"k_by_region_{rate}"
+    orders, customers, name = f"k_orders_{path}_{rate}", f"k_customers_{path}_{rate}", f"k_by_region_{path}_{rate}"
     for t in (orders, customers):
         broker.create_topic(f"shop.public.{t}", partitions=1)
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks=1, linger_ms=20)
@@ -112,11 +137,22 @@ def run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: floa
             kafka_mirror.KafkaSource(customers, f"shop.public.{customers}", broker.bootstrap,
                                      SourceSchema((("id", "INT"), ("name", "STRING"), ("region", "STRING")),
                                                   ("id",)))]
-    queries = [kafka_mirror.start(spark, s, f"{wh}/ckpt_{s.name}", trigger_seconds=0.5) for s in srcs]
+    fed: list[str] = []  # the fused path's stream table, once created
+
+    def after_batch() -> None:
+        for t in fed:
+            st.refresh_stream_table(t)
+
+    queries = [kafka_mirror.start(spark, s, f"{wh}/ckpt_{s.name}", trigger_seconds=0.5,
+                                  after_batch=after_batch if path == "fused" else None) for s in srcs]
     for q in queries:
         q.processAllAvailable()
     st.create_stream_table(name, QUERY.format(orders=orders, customers=customers), refresh_mode="IMMEDIATE")
-    imm = st.start(name)
+    if path == "fused":
+        fed.append(name)
+        imm = None
+    else:
+        imm = st.start(name)
     d = st.catalog.get(name)
     mirror_path = d.sources[orders].path
     mirror_log, st_log = DeltaLog(spark, mirror_path), DeltaLog(spark, d.path)
@@ -159,14 +195,15 @@ def run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: floa
     drain = time.time() - drain_start
     caught_up = target is not None and covered() >= target
     for q in (imm, *queries):
-        if q.exception() is not None:
+        if q is not None and q.exception() is not None:
             raise RuntimeError(f"streaming query {q.name} failed: {q.exception()}")
     if not caught_up:
         print(f"not caught up: mirror target {target}, covered {covered()}, IMMEDIATE progress "
-              f"{imm.lastProgress}", flush=True)
+              f"{imm.lastProgress if imm is not None else '(fused)'}", flush=True)
     for q in queries:
         q.processAllAvailable()
     time.sleep(2)
+    fed.clear()
     st.stop(name)
     for q in queries:
         q.stop()
@@ -204,7 +241,7 @@ def run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: floa
         for a, b in zip(want, got, strict=True))
     refreshes = sum(1 for f, _ in st_commits if f > 0)
     return {
-        "rate": rate, "seconds": seconds, "events_sent": sent, "produce_s": round(produce_s, 1),
+        "path": path, "rate": rate, "seconds": seconds, "events_sent": sent, "produce_s": round(produce_s, 1),
         "orders_measured": len(lags), "p50_s": statistics.median(lags), "p99_s": percentile(lags, 99),
         "max_s": max(lags), "kafka_to_mirror_p50_s": statistics.median(to_mirror),
         "mirror_to_st_p50_s": statistics.median(to_st), "first_third_p50_s": early, "last_third_p50_s": late,
@@ -213,9 +250,17 @@ def run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: floa
     }
 
 
+def _row(f: dict[str, Any]) -> None:
+    print(f"| {f['path']} | {f['rate']:,} | {f['events_sent']:,} | {f['p50_s']:.2f} | {f['p99_s']:.2f} | "
+          f"{f['max_s']:.2f} | {f['kafka_to_mirror_p50_s']:.2f} | {f['mirror_to_st_p50_s']:.2f} | "
+          f"{f['first_third_p50_s']:.2f} | {f['last_third_p50_s']:.2f} | {f['st_refreshes']} | "
+          f"{f['drain_s']:.1f} | {f['sustained']} | {f['result_equals_query']} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rates", default="500,1000,2000", help="change events per second to try")
+    p.add_argument("--rates", default="1000,5000", help="change events per second to try")
+    p.add_argument("--paths", default=",".join(PATHS), help=f"which of {', '.join(PATHS)} to run, in this order")
     p.add_argument("--seconds", type=float, default=30.0, help="producer run time per rate")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark settings")
     args = p.parse_args(argv)
@@ -229,16 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     out: list[dict[str, Any]] = []
     try:
         st = StreamTables(spark, root=f"{wh}/_trickle")
-        print("| events/s | sent | p50 s | p99 s | max s | Kafka->mirror p50 | mirror->ST p50 | first third p50 | "
+        print("| path | events/s | sent | p50 s | p99 s | max s | Kafka->mirror p50 | mirror->ST p50 | first third p50 | "
               "last third p50 | ST refreshes | drain s | sustained | equals query |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
         for rate in (int(r) for r in args.rates.split(",")):
-            f = run_rate(spark, st, broker, wh, rate, args.seconds)
-            out.append(f)
-            print(f"| {rate:,} | {f['events_sent']:,} | {f['p50_s']:.2f} | {f['p99_s']:.2f} | {f['max_s']:.2f} | "
-                  f"{f['kafka_to_mirror_p50_s']:.2f} | {f['mirror_to_st_p50_s']:.2f} | "
-                  f"{f['first_third_p50_s']:.2f} | {f['last_third_p50_s']:.2f} | {f['st_refreshes']} | "
-                  f"{f['drain_s']:.1f} | {f['sustained']} | {f['result_equals_query']} |", flush=True)
+            for path in args.paths.split(","):
+                f = run_rate(spark, st, broker, wh, rate, args.seconds, path)
+                out.append(f)
+                _row(f)
     finally:
         d = Path(__file__).resolve().parent / "out"
         d.mkdir(exist_ok=True)

@@ -250,6 +250,37 @@ def merge(path: str, changes: Any, stored: list[str], update: bool, record: dict
             "deleted": int(metrics.get("num_target_rows_deleted", 0))}
 
 
+def upsert_keyed(path: str, rows: Any, keys: list[str], columns: list[str], kept: dict[str, str],
+                 metadata: dict[str, Any], read_version: int, app_id: str, txn_version: int) -> bool:
+    """Apply netted change events to a mirror in one commit: ``rows`` holds the mirror's ``columns``, ``__op``
+    (``d``: delete the key; anything else: upsert it) and, for each column in ``kept``, a boolean column
+    (``kept[column]``) true where the update must keep the mirror's value (a value the database did not
+    send). False when the commit of this ``txn_version`` of ``app_id`` is already in the table (a replayed
+    batch: nothing is written), True once committed. The commit carries ``metadata`` as ``userMetadata``."""
+    from deltalake import CommitProperties, Transaction
+
+    table = _writable(path, read_version)
+    done = table.transaction_version(app_id)
+    if done is not None and done >= txn_version:
+        _keep_writer(path, table)
+        return False
+    props = CommitProperties(custom_metadata={"userMetadata": json.dumps(metadata, sort_keys=True)},
+                             max_commit_retries=0, app_transactions=[Transaction(app_id, txn_version)])
+    on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in keys)
+    builder = table.merge(_normalized(rows), predicate=on, source_alias="s", target_alias="t",
+                          commit_properties=props)
+    builder = builder.when_matched_delete(predicate="s.__op = 'd'")
+    updates = {_quote(c): (f"CASE WHEN s.{_quote(kept[c])} THEN t.{_quote(c)} ELSE s.{_quote(c)} END"
+                           if c in kept else f"s.{_quote(c)}") for c in columns if c not in keys}
+    if updates:
+        builder = builder.when_matched_update(updates=updates)
+    builder = builder.when_not_matched_insert(updates={_quote(c): f"s.{_quote(c)}" for c in columns},
+                                              predicate="s.__op <> 'd'")
+    _execute(builder.execute)
+    _keep_writer(path, table)
+    return True
+
+
 def append(path: str, rows: Any, record: dict[str, Any], read_version: int, txn_version: int,
            app_id: str) -> dict[str, int]:
     """Append rows in one commit (an insert-only delta into a table whose rows have unique ids)."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 import difflib
 import json
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,10 +189,94 @@ def _app_id(checkpoint: str) -> str:
     return app
 
 
-def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dict[str, int]:
-    """Apply one micro-batch of Kafka records to the mirror (and its dead letters); idempotent per id."""
+#: Spark conf: a micro-batch of at most this many Kafka records is decoded on the driver and committed to
+#: the mirror by delta-rs (0 turns this off: every batch takes Spark's MERGE)
+DRIVER_BELOW_ROWS = "trickle.ingest.driverBelowRows"
+
+#: the mirror's location, by table name (looked up once: ``DESCRIBE DETAIL`` is a query of its own)
+_LOCATIONS: dict[str, str] = {}
+
+
+def _location(spark: Any, name: str) -> str:
+    if name not in _LOCATIONS:
+        _LOCATIONS[name] = str(spark.sql(f"DESCRIBE DETAIL {name}").first()["location"])
+    return _LOCATIONS[name]
+
+
+def _net(cols: dict[str, list[Any]], keys: list[str]) -> list[int]:
+    """The indexes of the rows that survive netting: per key, the latest event by source position, then Kafka
+    partition and offset (the order of the Spark path's ``row_number``)."""
+    latest: dict[tuple[Any, ...], int] = {}
+    order = list(zip(cols["__pos1"], cols["__pos2"], cols["__pos3"], cols["__partition"], cols["__offset"],
+                     strict=True))
+    for i, key in enumerate(zip(*(cols[k] for k in keys), strict=True)):
+        j = latest.get(key)
+        if j is None or order[i] > order[j]:
+            latest[key] = i
+    return sorted(latest.values())
+
+
+def _apply_on_driver(batch: Any, batch_id: int, src: KafkaSource, app_id: str,
+                     meta: dict[str, Any]) -> dict[str, int] | None:
+    """Apply a small micro-batch without Spark's MERGE: one job hands its Kafka records to the driver, which
+    decodes and nets them and commits them to the mirror with delta-rs, in one idempotent commit. Why: Spark's
+    MERGE costs a second or more of jobs even for ten events, which was half of the time from producer to
+    stream table (docs/BENCHMARKS.md); delta-rs commits the same in tens of milliseconds. None when the batch
+    is left to the Spark path: too many records, a record that does not decode (the dead letters are written
+    by Spark), a truncate, a NULL key, or a mirror delta-rs may not write."""
+    import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    from connectors import delta_rs
+    from connectors.delta_log import DeltaLog
+
+    spark = batch.sparkSession
+    limit = int(spark.conf.get(DRIVER_BELOW_ROWS, "100000"))
+    if limit <= 0:
+        return None
+    path = _location(spark, src.name)
+    log = DeltaLog(spark, path)
+    version = log.latest_version()
+    if version is None or delta_rs.unusable(path, log.protocol(version)) is not None:
+        return None
+    raw = batch.select("key", "value", "topic", "partition", "offset").limit(limit + 1).toArrow()
+    if raw.num_rows > limit:
+        return None
+    arrow_schema = to_arrow_schema(_decoded_schema(spark, src.schema))
+    cols = _decode_records(raw.to_pydict(), src.schema, [f.name for f in arrow_schema])
+    if any(op in ("!", "t") for op in cols["__op"]):
+        return None
+    keys = list(src.schema.key)
+    if any(v is None for k in keys for v in cols[k]):
+        return None
+    n = len(cols["__op"])
+    if n == 0:
+        return {"events": 0, "dead_letters": 0}
+    picked = _net(cols, keys)
+    names = [c for c, _ in src.schema.columns]
+    kept = {c: f"__keep_{i}" for i, c in enumerate(names)
+            if any(c in (cols["__unavailable"][j] or ()) for j in picked)}
+    data = {c: [cols[c][j] for j in picked] for c in names}
+    data["__op"] = [cols["__op"][j] for j in picked]
+    for c, flag in kept.items():
+        data[flag] = [c in (cols["__unavailable"][j] or ()) for j in picked]
+    fields = [arrow_schema.field(c) for c in names] + [pa.field("__op", pa.string())] + [
+        pa.field(flag, pa.bool_()) for flag in kept.values()]
+    rows = pa.Table.from_pydict(data, schema=pa.schema(fields))
+    delta_rs.upsert_keyed(path, rows, keys, names, kept, {**meta, "trickle_mirror": {
+        **meta["trickle_mirror"], "truncate": False}}, version, app_id, batch_id)
+    return {"events": n, "dead_letters": 0}
+
+
+def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dict[str, int]:
+    """Apply one micro-batch of Kafka records to the mirror (and its dead letters); idempotent per id.
+    Small batches are decoded and committed on the driver (:func:`_apply_on_driver`), the rest by Spark."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    meta: dict[str, Any] = {"trickle_mirror": {"source": src.name, "batch_id": batch_id}}
+    done = _apply_on_driver(batch, batch_id, src, app_id, meta)
+    if done is not None:
+        return done
     spark = batch.sparkSession
     out_schema = _decoded_schema(spark, src.schema)
     decoded = (batch.select("key", "value", "topic", "partition", "offset")
@@ -201,7 +285,6 @@ def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dic
     # The MERGE must see the temp view of the netted events, so it runs in the batch's own session (a
     # streaming query's session is its own clone); the idempotency and metadata settings are unset after.
     session = spark
-    meta: dict[str, Any] = {"trickle_mirror": {"source": src.name, "batch_id": batch_id}}
     try:
         # one job sizes the batch: dead letters, good events, and the position of the last truncate
         stats = decoded.selectExpr(
@@ -258,8 +341,11 @@ def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dic
             pass
 
 
-def start(spark: Any, src: KafkaSource, checkpoint: str, trigger_seconds: float = 1.0) -> Any:
-    """Start the ingestion query of one Kafka source; returns the StreamingQuery."""
+def start(spark: Any, src: KafkaSource, checkpoint: str, trigger_seconds: float = 1.0,
+          after_batch: Callable[[], None] | None = None) -> Any:
+    """Start the ingestion query of one Kafka source; returns the StreamingQuery. ``after_batch`` runs after
+    every micro-batch's mirror commit, inside the batch (the fused path: see :mod:`pipeline.fused`); it must
+    not raise, or the batch fails and is replayed."""
     create_tables(spark, src)
     app_id = _app_id(checkpoint)
     reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", src.bootstrap_servers)
@@ -269,6 +355,8 @@ def start(spark: Any, src: KafkaSource, checkpoint: str, trigger_seconds: float 
 
     def run(batch: Any, batch_id: int) -> None:
         apply_batch(batch, batch_id, src, app_id)
+        if after_batch is not None:
+            after_batch()
 
     return (reader.load().writeStream.foreachBatch(run).queryName(f"trickle_mirror_{src.name}")
             .option("checkpointLocation", checkpoint)

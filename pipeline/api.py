@@ -492,16 +492,21 @@ class StreamTables:
 
     # --- IMMEDIATE mode ---
 
-    def start(self, name: str) -> Any:
-        """Run the stream table continuously: a streaming query over its sources' change feeds."""
+    def start(self, name: str, follow: set[str] | None = None) -> Any:
+        """Run the stream table continuously: a streaming query over its sources' change feeds (``follow``:
+        only these sources'; None when that leaves none, see :mod:`pipeline.fused`)."""
         from pipeline.immediate import start_immediate
 
         key = validate_name(name)
         q = self._queries.get(key)
         if q is not None and q.isActive:
             return q
-        self._queries[key] = start_immediate(self, key)
-        return self._queries[key]
+        q = start_immediate(self, key, follow=follow)
+        if q is None:
+            self._queries.pop(key, None)
+            return None
+        self._queries[key] = q
+        return q
 
     def stop(self, name: str) -> None:
         q = self._queries.pop(name.lower(), None)

@@ -18,7 +18,10 @@ if TYPE_CHECKING:
     from pipeline.api import StreamTables
 
 
-def start_immediate(st: StreamTables, name: str, trigger_seconds: float = 0.5) -> Any:
+def start_immediate(st: StreamTables, name: str, trigger_seconds: float = 0.5,
+                    follow: set[str] | None = None) -> Any:
+    """Start the table's streaming query over the change feeds of its sources, or of ``follow`` only (the
+    others are refreshed for it by the fused path, see :mod:`pipeline.fused`); None when it follows none."""
     d = st.catalog.get(name)
     if d.full_reason is not None:
         raise CatalogError(f"stream table {name} cannot run in IMMEDIATE mode: {d.full_reason}")
@@ -27,6 +30,8 @@ def start_immediate(st: StreamTables, name: str, trigger_seconds: float = 0.5) -
     frontier = {k: int(v) for k, v in committed[1].get("frontier", {}).items()} if committed else {}
     streams = []
     for key, src in d.sources.items():
+        if follow is not None and key not in follow:
+            continue
         reader = spark.readStream.format("delta").option("readChangeFeed", "true")
         # A version number, never "latest": the query resolves "latest" only once it runs, after start()
         # returned, and a commit made in between would then never trigger a refresh (seen under load: the
@@ -40,6 +45,8 @@ def start_immediate(st: StreamTables, name: str, trigger_seconds: float = 0.5) -
             first = start + 1 if latest is not None and start < latest else start
         reader = reader.option("startingVersion", "latest" if first is None else str(first))
         streams.append(reader.load(src.path).selectExpr(f"'{key}' AS source", "_commit_version"))
+    if not streams:
+        return None
     union = streams[0]
     for s in streams[1:]:
         union = union.unionByName(s)

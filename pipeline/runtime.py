@@ -2,8 +2,12 @@
 
 What runs:
 
-- one ingestion query per Kafka source (:mod:`connectors.kafka_mirror`): Debezium events -> Delta mirror;
-- one streaming query per IMMEDIATE stream table (:mod:`pipeline.immediate`);
+- one ingestion query per Kafka source (:mod:`connectors.kafka_mirror`): Debezium events -> Delta mirror,
+  and in the same micro-batch a refresh of the IMMEDIATE stream tables that read the mirror (the fused
+  path, :mod:`pipeline.fused`);
+- a streaming query per IMMEDIATE stream table over the change feeds of its other sources (Delta tables
+  written by others, scheduled stream tables; :mod:`pipeline.immediate`), none for a table read only from
+  mirrors;
 - the scheduler (:mod:`pipeline.scheduler`) for every other stream table: durations, cron, CALCULATED,
   topological waves, concurrent independent refreshes, back-off and the ERROR state.
 
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline import fused
 from pipeline.errors import ConfigError, SourceError
 
 if TYPE_CHECKING:
@@ -150,6 +155,11 @@ class Runtime:
         self.health: dict[str, SourceHealth] = {}  # Kafka source name -> its ingestion's state
         self._halt = threading.Event()  # ends the watcher thread
         self._watcher: threading.Thread | None = None
+        self._follows: dict[str, frozenset[str]] = {}  # IMMEDIATE table -> the sources its query follows
+        #: IMMEDIATE tables the fused path must refresh outside a batch -> (failures so far, next attempt): a
+        #: failed fused refresh, and every fused table at start (a batch's refresh may have been cut short)
+        self._fused_due: dict[str, tuple[int, float]] = {}
+        self._fused_guard = threading.Lock()
 
     # --- start-up ---
 
@@ -169,7 +179,8 @@ class Runtime:
                     options=dict(spec.kafka_options))
                 ckpt = self.checkpoints / f"mirror_{spec.name}"
                 self._sources[spec.name] = (src, str(ckpt), spec.trigger_seconds)
-                self.ingestion[spec.name] = kafka_mirror.start(self.spark, src, str(ckpt), spec.trigger_seconds)
+                self.ingestion[spec.name] = kafka_mirror.start(self.spark, src, str(ckpt), spec.trigger_seconds,
+                                                               self._after_batch(spec.name))
                 self.health[spec.name] = SourceHealth(spec.name, spec.topic, spec.bootstrap_servers)
                 self._write_sources_status()
                 self.log.event("ingesting", source=spec.name, topic=spec.topic, mirror=spec.name,
@@ -273,6 +284,7 @@ class Runtime:
             while not stop.is_set():
                 status = self.st.status()
                 self._sync_immediate(status)
+                self._refresh_fused_due()
                 sched.sync(status)
                 for outcome in sched.tick():
                     if outcome.ok and outcome.result is not None:
@@ -284,21 +296,85 @@ class Runtime:
         self.log.event("stopping")
 
     def _sync_immediate(self, status: list[dict[str, Any]]) -> None:
-        """IMMEDIATE tables get a streaming query (also ones created from the CLI while running); dropped,
-        suspended or re-moded ones lose it."""
+        """IMMEDIATE tables get a streaming query over the sources no mirror batch refreshes them for (also
+        tables created from the CLI while running; see :mod:`pipeline.fused`); dropped, suspended or re-moded
+        ones lose it, and one whose followed sources changed gets a new one."""
         want = {str(r["name"]) for r in status
                 if r.get("refresh_mode") == "IMMEDIATE" and r.get("status", "ACTIVE") == "ACTIVE"}
-        for name in want - set(self.immediate):
+        defs = {d.name: d for d in self.st.catalog.all()}
+        pushed = fused.pushed_sources(defs.values(), self._sources)
+        for name in sorted(want):
+            d = defs.get(name)
+            if d is None:
+                continue
+            follow = frozenset(fused.followed(d, pushed))
+            if name in self.immediate and self._follows.get(name) == follow:
+                continue
+            if name in self.immediate:
+                self.st.stop(name)
+            self._follows[name] = follow
+            if len(follow) < len(d.sources):  # a mirror batch refreshes it: once now, to catch up
+                with self._fused_guard:
+                    self._fused_due.setdefault(name, (0, 0.0))
             try:
-                self.immediate[name] = self.st.start(name)
-                self.log.event("started", name=name)
+                self.immediate[name] = self.st.start(name, follow=set(follow))
+                self.log.event("started", name=name, follows=sorted(follow),
+                               refreshed_by_batches_of=sorted(set(d.sources) - follow))
             except Exception as e:  # noqa: BLE001 - report it; the other tables keep running
                 self.log.error(f"cannot start IMMEDIATE stream table {name}: {type(e).__name__}: {e}")
                 self.immediate[name] = None
         for name in set(self.immediate) - want:
             self.st.stop(name)
             del self.immediate[name]
+            self._follows.pop(name, None)
             self.log.event("stopped", name=name)
+
+    # --- the fused path (pipeline.fused) ---
+
+    def _after_batch(self, source: str) -> Any:
+        """What a micro-batch of ``source`` runs after its mirror commit: the refresh of each IMMEDIATE table
+        it feeds, upstream first. Never raises: a failing table is retried from the run loop (with back-off),
+        and neither the batch, the ingestion of this topic nor the other tables wait for it."""
+
+        def refresh() -> None:
+            try:
+                names = fused.fed_by([d for d in self.st.catalog.all() if d.name in self.immediate], source)
+            except Exception as e:  # noqa: BLE001 - the catalog is unreadable now; the next batch tries again
+                self.log.error(f"after a batch of {source}: cannot read the catalog: {type(e).__name__}: {e}")
+                return
+            for name in names:
+                self._refresh_fused(name, f"a batch of {source}")
+
+        return refresh
+
+    def _refresh_fused(self, name: str, why: str) -> None:
+        try:
+            result = self.st.refresh_stream_table(name)
+        except Exception as e:  # noqa: BLE001 - recorded by the refresh; retried from the run loop
+            with self._fused_guard:
+                n = self._fused_due.get(name, (0, 0.0))[0] + 1
+                rt = self.conf.runtime
+                delay = min(rt.retry_backoff_max_seconds, rt.retry_backoff_seconds * 2 ** (n - 1))
+                self._fused_due[name] = (n, time.time() + delay)
+            self.log.error(f"IMMEDIATE refresh of {name} after {why} failed: {type(e).__name__}: "
+                           f"{_first_line(e)}; retrying in {delay:.1f} s (attempt {n})")
+            return
+        with self._fused_guard:
+            self._fused_due.pop(name, None)
+        if result.action != "NO_DATA":
+            self.log.refresh(result, note=self._stale_note(result))
+
+    def _refresh_fused_due(self) -> None:
+        """Refresh the fused tables whose retry is due (see :attr:`_fused_due`)."""
+        now = time.time()
+        with self._fused_guard:
+            due = [(n, failures) for n, (failures, at) in self._fused_due.items() if at <= now]
+        for name, failures in due:
+            if name in self.immediate:
+                self._refresh_fused(name, "its failed refresh" if failures else "the start")
+            else:
+                with self._fused_guard:
+                    self._fused_due.pop(name, None)
 
     def _check_queries(self, kinds: tuple[str, ...] = ("ingestion", "stream table")) -> None:
         """Restart a streaming query that died, with exponential back-off (the runtime's retry settings).
@@ -336,9 +412,9 @@ class Runtime:
                 try:
                     if kind == "ingestion":
                         src, ckpt, trigger = self._sources[name]
-                        queries[name] = kafka_mirror.start(self.spark, src, ckpt, trigger)
+                        queries[name] = kafka_mirror.start(self.spark, src, ckpt, trigger, self._after_batch(name))
                     else:
-                        queries[name] = self.st.start(name)
+                        queries[name] = self.st.start(name, follow=set(self._follows.get(name, ())))
                     self._restarts[(kind, name)] = (n + 1, 0.0)
                     self.log.event("restarted", kind=kind, name=name, restarts=n + 1)
                 except Exception as e:  # noqa: BLE001 - retried with a longer back-off

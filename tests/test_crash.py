@@ -4,8 +4,9 @@ The job runs as users run it, in its own process group: ``spark-submit trickle_j
 runs that get killed (so the spark-submit entry point is exercised too), ``trickle run conf.yaml`` for the
 last one, which is stopped with SIGTERM and must exit 0. Debezium events (creates, updates, primary-key
 changes, deletes with tombstones, redelivered duplicates, malformed events, a truncate) are produced
-while the job runs, so kills land in ingestion micro-batches, in IMMEDIATE refreshes, in scheduled
-refreshes and in start-up. At the end the Delta mirror must equal the model of the source table, each
+while the job runs, so kills land in ingestion micro-batches (the mirror commit, decoded on the driver and committed by
+delta-rs or by Spark's MERGE, and the IMMEDIATE refresh the same batch runs after it: the fused path), in
+scheduled refreshes and in start-up. At the end the Delta mirror must equal the model of the source table, each
 stream table must equal its query over the mirror (an aggregate whose delta was applied twice, or lost,
 would differ), and the dead-letter table must hold each malformed event exactly once.
 """
@@ -152,6 +153,9 @@ def _run_crash_test(spark: Any, broker: Any, unique_name: Any, tmp_path: Path, k
                 _kill_group(job)
         assert rc == 0, f"SIGTERM must stop the job cleanly (exit 0), got {rc}: {log.read_text()[-3000:]}"
         assert "stopping" in log.read_text()
+        # the IMMEDIATE table ran on the fused path (refreshed inside the mirror's micro-batches, so the kills
+        # landed in those refreshes too), with no streaming query of its own
+        assert f"started name={totals} follows=[] refreshed_by_batches_of=['{mirror}']" in log.read_text()
     finally:
         producer.close()
 

@@ -1,0 +1,79 @@
+"""The fused path: a Kafka source's micro-batch commits its events to the mirror, then refreshes the IMMEDIATE
+stream tables that read that mirror, in the same ``foreachBatch``.
+
+Why: with a second streaming query per IMMEDIATE table polling the mirror's change feed, an event waited for
+the mirror's MERGE, then for that query's next trigger, then for its own read of the window (two queries
+and their triggers on two cores: about half of the 33 s p50 measured from producer to stream table in
+docs/BENCHMARKS.md). In pg_trickle, IMMEDIATE maintenance runs inside the writing transaction; on Spark the
+closest honest equivalent is one micro-batch: mirror commit, then refresh, back to back.
+
+Exactly-once is unchanged, because the refresh still decides *what* to apply from the frontier recorded in
+the stream table's own commit, never from the batch: a batch replayed after a crash re-applies its events
+under the same Delta transaction id (skipped) and its refreshes find their versions applied (NO_DATA), or
+apply what the killed run did not.
+
+Which tables a batch refreshes (:func:`fed_by`) and which sources an IMMEDIATE table's own streaming query
+must still follow (:func:`followed`) are pure decisions over the catalog, here; :mod:`pipeline.runtime` runs
+them. A source is *pushed* when every change of it reaches its readers through a mirror batch: a Kafka
+mirror, or an IMMEDIATE stream table all of whose sources are pushed (its commits are made by the batches of
+those mirrors, which then refresh its readers too). Anything else (a Delta table written by someone else, a
+scheduled stream table) is followed by the table's streaming query over its change feed, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pipeline.catalog import StreamTableDef
+
+
+def _immediate(d: StreamTableDef) -> bool:
+    return d.refresh_mode == "IMMEDIATE" and d.status == "ACTIVE"
+
+
+def pushed_sources(defs: Iterable[StreamTableDef], mirrors: Iterable[str]) -> set[str]:
+    """The names (lower case) of the sources whose changes reach their readers through mirror batches."""
+    by_name = {d.name.lower(): d for d in defs}
+    pushed = {m.lower() for m in mirrors}
+    grew = True
+    while grew:  # a fixpoint: an IMMEDIATE table over pushed sources is pushed, so are its IMMEDIATE readers
+        grew = False
+        for key, d in by_name.items():
+            if key not in pushed and _immediate(d) and d.sources and all(s.lower() in pushed for s in d.sources):
+                pushed.add(key)
+                grew = True
+    return pushed
+
+
+def fed_by(defs: Iterable[StreamTableDef], mirror: str) -> list[str]:
+    """The IMMEDIATE stream tables a micro-batch of ``mirror`` refreshes, upstream before downstream: those
+    that read it, directly or through IMMEDIATE stream tables it feeds."""
+    by_name = {d.name.lower(): d for d in defs}
+    fed: set[str] = set()
+    grew, reached = True, {mirror.lower()}
+    while grew:
+        grew = False
+        for key, d in by_name.items():
+            if key not in fed and _immediate(d) and any(s.lower() in reached for s in d.sources):
+                fed.add(key)
+                reached.add(key)
+                grew = True
+    order: list[str] = []
+
+    def visit(key: str, path: tuple[str, ...]) -> None:
+        if key in order or key in path:
+            return
+        for s in by_name[key].sources:
+            if s.lower() in fed:
+                visit(s.lower(), (*path, key))
+        order.append(key)
+
+    for key in sorted(fed):
+        visit(key, ())
+    return [by_name[k].name for k in order]
+
+
+def followed(d: StreamTableDef, pushed: set[str]) -> set[str]:
+    """The sources of the IMMEDIATE table ``d`` its own streaming query still follows (empty: the mirror
+    batches refresh it, and it needs no query)."""
+    return {s for s in d.sources if s.lower() not in pushed}
