@@ -199,6 +199,7 @@ class DeltaLog:
             # only by delta-rs, which writes no checksum file, is not looked up afresh after 50 commits)
             _PROTOCOL_SEEN[self.path] = (version, seen[1])
             return seen[1]
+        names: set[str] | None = None
         for v in range(version, max(-1, version - 50), -1):
             found = None
             text = self._read(f"{v:020d}.crc")
@@ -209,9 +210,33 @@ class DeltaLog:
                     found = None
             if not isinstance(found, dict):
                 found = next((a["protocol"] for a in self.actions(v) if "protocol" in a), None)
+            if not isinstance(found, dict):
+                # a checkpoint holds the protocol as of its version (delta-rs writes one every
+                # delta.checkpointInterval commits, 100 by default, and no checksum files)
+                names = names if names is not None else set(self._list())
+                found = self._checkpoint_protocol(v, names)
             if isinstance(found, dict):
                 _PROTOCOL_SEEN[self.path] = (v, found)
                 return found
+        return None
+
+    def _checkpoint_protocol(self, version: int, names: set[str]) -> dict[str, Any] | None:
+        for name in sorted(n for n in names if (m := _CHECKPOINT.match(n)) and int(m.group(1)) == version):
+            data = self._read_bytes(name)
+            if data is None:
+                continue
+            if name.endswith(".json"):
+                for line in data.decode("utf-8").splitlines():
+                    if line.strip() and "protocol" in (a := json.loads(line)):
+                        return dict(a["protocol"])
+                continue
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(pa.BufferReader(data), columns=["protocol"])
+            for m in table.column("protocol").to_pylist():
+                if m:
+                    return {k: v for k, v in m.items() if v is not None}
         return None
 
     def actions(self, version: int) -> list[dict[str, Any]]:

@@ -209,3 +209,32 @@ def test_commits_go_through_the_table_committed_before_only_while_it_is_that_tab
     assert rows() == [(10, "n2"), (11, "n"), (12, "n"), (13, "n"), (14, "n")]
     changes = spark.sql(f"SELECT _change_type FROM table_changes_by_path('{path}', 6, 6)").collect()
     assert sorted(r[0] for r in changes) == ["update_postimage", "update_preimage"]
+
+
+def test_the_protocol_of_a_table_delta_rs_kept_committing_to_is_found_in_its_checkpoint(spark: Any,
+                                                                                        unique_name: Any) -> None:
+    """delta-rs writes no checksum file: 60 commits after Spark's last one, a process that never read the
+    table before finds its protocol in the checkpoint delta-rs wrote (it used to be 'unknown' after 50,
+    which sent the commit to Spark's MERGE)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from connectors import delta_log
+    from connectors.delta_rs import _local
+
+    name = unique_name("proto")
+    spark.sql(f"CREATE TABLE {name} (i INT) USING delta TBLPROPERTIES (delta.enableChangeDataFeed = true, "
+              "delta.checkpointInterval = 10)")
+    path = _path(spark, name)
+    local = _local(path) or path
+    for i in range(60):
+        write_deltalake(local, pa.table({"i": pa.array([i], pa.int32())}), mode="append")
+    log = delta_log.DeltaLog(spark, path)
+    latest = log.latest_version()
+    assert latest == 60 and any(n.endswith(".checkpoint.parquet") for n in os.listdir(f"{local}/_delta_log"))
+    delta_log._PROTOCOL_SEEN.pop(log.path, None)  # as a new process would
+    found = log.protocol(latest)
+    detail = spark.sql(f"DESCRIBE DETAIL {name}").first()
+    assert found is not None
+    assert (found["minReaderVersion"], found["minWriterVersion"]) == (detail["minReaderVersion"],
+                                                                      detail["minWriterVersion"])

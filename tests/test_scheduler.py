@@ -490,7 +490,7 @@ def test_runtime_restarts_a_dead_streaming_query_with_backoff(tmp_path: Any) -> 
     conf_file.write_text("stream_tables: []\nruntime:\n  retry_backoff_seconds: 0.2\n")
     started: list[str] = []
 
-    def start(name: str) -> Any:
+    def start(name: str, follow: set[str] | None = None) -> Any:
         started.append(name)
         return SimpleNamespace(isActive=True, exception=lambda: None)
 
