@@ -214,29 +214,10 @@ class DeltaLog:
                 # a checkpoint holds the protocol as of its version (delta-rs writes one every
                 # delta.checkpointInterval commits, 100 by default, and no checksum files)
                 names = names if names is not None else set(self._list())
-                found = self._checkpoint_protocol(v, names)
+                found = self._checkpoint_action(v, names, "protocol")
             if isinstance(found, dict):
                 _PROTOCOL_SEEN[self.path] = (v, found)
                 return found
-        return None
-
-    def _checkpoint_protocol(self, version: int, names: set[str]) -> dict[str, Any] | None:
-        for name in sorted(n for n in names if (m := _CHECKPOINT.match(n)) and int(m.group(1)) == version):
-            data = self._read_bytes(name)
-            if data is None:
-                continue
-            if name.endswith(".json"):
-                for line in data.decode("utf-8").splitlines():
-                    if line.strip() and "protocol" in (a := json.loads(line)):
-                        return dict(a["protocol"])
-                continue
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            table = pq.read_table(pa.BufferReader(data), columns=["protocol"])
-            for m in table.column("protocol").to_pylist():
-                if m:
-                    return {k: v for k, v in m.items() if v is not None}
         return None
 
     def actions(self, version: int) -> list[dict[str, Any]]:
@@ -290,22 +271,28 @@ class DeltaLog:
         return None
 
     def _checkpoint_meta(self, version: int, names: set[str]) -> TableMeta | None:
+        found = self._checkpoint_action(version, names, "metaData")
+        return TableMeta.from_action(found) if found is not None else None
+
+    def _checkpoint_action(self, version: int, names: set[str], kind: str) -> dict[str, Any] | None:
+        """The first ``kind`` action (``metaData``, ``protocol``) of the checkpoint at ``version`` (any of its
+        parts, JSON or Parquet; fields a Parquet checkpoint leaves null dropped); None without one."""
         for name in sorted(n for n in names if (m := _CHECKPOINT.match(n)) and int(m.group(1)) == version):
             data = self._read_bytes(name)
             if data is None:
                 continue
             if name.endswith(".json"):
                 for line in data.decode("utf-8").splitlines():
-                    if line.strip() and "metaData" in (a := json.loads(line)):
-                        return TableMeta.from_action(a["metaData"])
+                    if line.strip() and kind in (a := json.loads(line)):
+                        return dict(a[kind])
                 continue
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            table = pq.read_table(pa.BufferReader(data), columns=["metaData"])
-            for m in table.column("metaData").to_pylist():
+            table = pq.read_table(pa.BufferReader(data), columns=[kind])
+            for m in table.column(kind).to_pylist():
                 if m:
-                    return TableMeta.from_action(m)
+                    return {k: v for k, v in m.items() if v is not None}
         return None
 
     def window(self, pre: int | None, post: int) -> Window:

@@ -25,6 +25,8 @@ import json
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from connectors.delta_log import TRICKLE_KEY, _local
@@ -234,17 +236,16 @@ def merge(path: str, changes: Any, stored: list[str], update: bool, record: dict
     """Apply change rows (``__row_id``, ``__del`` and the stored columns; see :mod:`dvm.plan`) in one commit:
     matched and ``__del`` -> delete, matched -> update (``update``: keyed tables, whose rows carry state),
     not matched and not ``__del`` -> insert."""
-    table = _writable(path, read_version)
-    builder = table.merge(_normalized(changes), predicate="t.__row_id = s.__row_id", source_alias="s", target_alias="t",
-                          commit_properties=_properties(record, txn_version, app_id))
-    builder = builder.when_matched_delete(predicate="s.__del")
-    if update:
-        builder = builder.when_matched_update(
-            updates={_quote(c): f"s.{_quote(c)}" for c in stored if c != "__row_id"})
-    builder = builder.when_not_matched_insert(updates={_quote(c): f"s.{_quote(c)}" for c in stored},
-                                              predicate="NOT s.__del")
-    metrics = _execute(builder.execute)
-    _keep_writer(path, table)
+    with _committing(path, read_version) as table:
+        builder = table.merge(_normalized(changes), predicate="t.__row_id = s.__row_id", source_alias="s",
+                              target_alias="t", commit_properties=_properties(record, txn_version, app_id))
+        builder = builder.when_matched_delete(predicate="s.__del")
+        if update:
+            builder = builder.when_matched_update(
+                updates={_quote(c): f"s.{_quote(c)}" for c in stored if c != "__row_id"})
+        builder = builder.when_not_matched_insert(updates={_quote(c): f"s.{_quote(c)}" for c in stored},
+                                                  predicate="NOT s.__del")
+        metrics = _execute(builder.execute)
     return {"inserted": int(metrics.get("num_target_rows_inserted", 0)),
             "updated": int(metrics.get("num_target_rows_updated", 0)),
             "deleted": int(metrics.get("num_target_rows_deleted", 0))}
@@ -259,25 +260,23 @@ def upsert_keyed(path: str, rows: Any, keys: list[str], columns: list[str], kept
     batch: nothing is written), True once committed. The commit carries ``metadata`` as ``userMetadata``."""
     from deltalake import CommitProperties, Transaction
 
-    table = _writable(path, read_version)
-    done = table.transaction_version(app_id)
-    if done is not None and done >= txn_version:
-        _keep_writer(path, table)
-        return False
-    props = CommitProperties(custom_metadata={"userMetadata": json.dumps(metadata, sort_keys=True)},
-                             max_commit_retries=0, app_transactions=[Transaction(app_id, txn_version)])
-    on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in keys)
-    builder = table.merge(_normalized(rows), predicate=on, source_alias="s", target_alias="t",
-                          commit_properties=props)
-    builder = builder.when_matched_delete(predicate="s.__op = 'd'")
-    updates = {_quote(c): (f"CASE WHEN s.{_quote(kept[c])} THEN t.{_quote(c)} ELSE s.{_quote(c)} END"
-                           if c in kept else f"s.{_quote(c)}") for c in columns if c not in keys}
-    if updates:
-        builder = builder.when_matched_update(updates=updates)
-    builder = builder.when_not_matched_insert(updates={_quote(c): f"s.{_quote(c)}" for c in columns},
-                                              predicate="s.__op <> 'd'")
-    _execute(builder.execute)
-    _keep_writer(path, table)
+    with _committing(path, read_version) as table:
+        done = table.transaction_version(app_id)
+        if done is not None and done >= txn_version:
+            return False
+        props = CommitProperties(custom_metadata={"userMetadata": json.dumps(metadata, sort_keys=True)},
+                                 max_commit_retries=0, app_transactions=[Transaction(app_id, txn_version)])
+        on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in keys)
+        builder = table.merge(_normalized(rows), predicate=on, source_alias="s", target_alias="t",
+                              commit_properties=props)
+        builder = builder.when_matched_delete(predicate="s.__op = 'd'")
+        updates = {_quote(c): (f"CASE WHEN s.{_quote(kept[c])} THEN t.{_quote(c)} ELSE s.{_quote(c)} END"
+                               if c in kept else f"s.{_quote(c)}") for c in columns if c not in keys}
+        if updates:
+            builder = builder.when_matched_update(updates=updates)
+        builder = builder.when_not_matched_insert(updates={_quote(c): f"s.{_quote(c)}" for c in columns},
+                                                  predicate="s.__op <> 'd'")
+        _execute(builder.execute)
     return True
 
 
@@ -286,10 +285,9 @@ def append(path: str, rows: Any, record: dict[str, Any], read_version: int, txn_
     """Append rows in one commit (an insert-only delta into a table whose rows have unique ids)."""
     from deltalake import write_deltalake
 
-    table = _writable(path, read_version)
-    _execute(lambda: write_deltalake(table, _normalized(rows), mode="append",
-                                     commit_properties=_properties(record, txn_version, app_id)))
-    _keep_writer(path, table)
+    with _committing(path, read_version) as table:
+        _execute(lambda: write_deltalake(table, _normalized(rows), mode="append",
+                                         commit_properties=_properties(record, txn_version, app_id)))
     return {"inserted": rows.num_rows, "updated": 0, "deleted": 0}
 
 
@@ -298,48 +296,43 @@ def overwrite(path: str, rows: Any, record: dict[str, Any], read_version: int, t
     """Replace the table's rows in one commit (a FULL refresh whose result is small)."""
     from deltalake import write_deltalake
 
-    table = _writable(path, read_version)
-    before = table.count()
-    _execute(lambda: write_deltalake(table, _normalized(rows), mode="overwrite",
-                                     commit_properties=_properties(record, txn_version, app_id)))
-    _keep_writer(path, table)
+    with _committing(path, read_version) as table:
+        before = table.count()
+        _execute(lambda: write_deltalake(table, _normalized(rows), mode="overwrite",
+                                         commit_properties=_properties(record, txn_version, app_id)))
     return {"inserted": rows.num_rows, "updated": 0, "deleted": before}
 
 
 #: the table each stream table was last committed through, at the version that commit made, by path (see
-#: :func:`_writable`); never shared with readers
+#: :func:`_committing`); never shared with readers
 _WRITERS: OrderedDict[str, tuple[tuple[int, int, int] | None, Any]] = OrderedDict()
 _WRITERS_LOCK = threading.Lock()
 
 
-def _writable(path: str, version: int) -> Any:
+@contextmanager
+def _committing(path: str, version: int) -> Iterator[Any]:
     """The table at ``version`` to commit through: the one the previous commit went through, when that commit
-    made ``version`` (the same commit file), else freshly opened. Why: delta-rs updates a table to the version
-    it committed, while opening one replays the log from its last checkpoint (7 ms per refresh in the floor
+    made ``version`` (the same commit file), else freshly opened; kept for the next commit when the block
+    ends normally (a failed commit's table is dropped). Why: delta-rs updates a table to the version it
+    committed, while opening one replays the log from its last checkpoint (7 ms per refresh in the floor
     benchmark, up to 60 ms a hundred commits after a checkpoint). The caller holds the stream table's refresh
     lock, and the table is taken out while in use, so no two commits go through one object."""
     from deltalake import DeltaTable
 
     local = _local(path)
-    key = os.path.abspath(local) if local is not None else path
+    if local is None:
+        yield DeltaTable(path, version=version)
+        return
+    key = os.path.abspath(local)
     with _WRITERS_LOCK:
         kept = _WRITERS.pop(key, None)
-    if kept is not None and local is not None and kept[0] is not None and kept[0] == _stamp(local, version):
-        table = kept[1]
-        if table.version() == version:
-            return table
-    return DeltaTable(path, version=version)
-
-
-def _keep_writer(path: str, table: Any) -> None:
-    """Keep ``table`` (just committed through, so at its new version) for the next commit to ``path``."""
-    local = _local(path)
-    if local is None:
-        return
+    table = kept[1] if kept is not None and kept[0] is not None and kept[0] == _stamp(local, version) else \
+        DeltaTable(path, version=version)
+    yield table
     stamp = _stamp(local, table.version())
     with _WRITERS_LOCK:
-        _WRITERS[os.path.abspath(local)] = (stamp, table)
-        _WRITERS.move_to_end(os.path.abspath(local))
+        _WRITERS[key] = (stamp, table)
+        _WRITERS.move_to_end(key)
         while len(_WRITERS) > _OPENED_MAX:
             _WRITERS.popitem(last=False)
 
