@@ -1,23 +1,23 @@
-"""The fused path: a Kafka source's micro-batch commits its events to the mirror, then refreshes the IMMEDIATE
-stream tables that read that mirror, in the same ``foreachBatch``.
+"""The fused path: a Kafka source's micro-batch commits its events to the mirror, then the IMMEDIATE stream
+tables that read that mirror are refreshed right away, beside the ingestion (:mod:`pipeline.fused_lanes`).
 
 Why: with a second streaming query per IMMEDIATE table polling the mirror's change feed, an event waited for
 the mirror's MERGE, then for that query's next trigger, then for its own read of the window (two queries
 and their triggers on two cores: about half of the 33 s p50 measured from producer to stream table in
 docs/BENCHMARKS.md). In pg_trickle, IMMEDIATE maintenance runs inside the writing transaction; on Spark the
-closest honest equivalent is one micro-batch: mirror commit, then refresh, back to back.
+closest honest equivalent is the mirror commit followed at once by the refreshes it calls for.
 
 Exactly-once is unchanged, because the refresh still decides *what* to apply from the frontier recorded in
 the stream table's own commit, never from the batch: a batch replayed after a crash re-applies its events
-under the same Delta transaction id (skipped) and its refreshes find their versions applied (NO_DATA), or
-apply what the killed run did not.
+under the same Delta transaction id (skipped), and a refresh finds its versions applied (NO_DATA) or applies
+what the killed run did not.
 
-Which tables a batch refreshes (:func:`fed_by`) and which sources an IMMEDIATE table's own streaming query
+Which tables a batch marks (:func:`fed_by`) and which sources an IMMEDIATE table's own streaming query
 must still follow (:func:`followed`) are pure decisions over the catalog, here; :mod:`pipeline.runtime` runs
 them. A source is *pushed* when every change of it reaches its readers through a mirror batch: a Kafka
-mirror, or an IMMEDIATE stream table all of whose sources are pushed (its commits are made by the batches of
-those mirrors, which then refresh its readers too). Anything else (a Delta table written by someone else, a
-scheduled stream table) is followed by the table's streaming query over its change feed, as before.
+mirror, or an IMMEDIATE stream table all of whose sources are pushed (its commits are made by the lanes
+those mirrors' batches mark, which mark its readers too). Anything else (a Delta table written by someone
+else, a scheduled stream table) is followed by the table's streaming query over its change feed, as before.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 What runs:
 
-- one ingestion query per Kafka source (:mod:`connectors.kafka_mirror`): Debezium events -> Delta mirror,
-  and in the same micro-batch a refresh of the IMMEDIATE stream tables that read the mirror (the fused
-  path, :mod:`pipeline.fused`);
+- one ingestion query per Kafka source (:mod:`connectors.kafka_mirror`): Debezium events -> Delta mirror;
+  each micro-batch then marks the IMMEDIATE stream tables that read the mirror, and a lane per table
+  refreshes them beside the ingestion (the fused path: :mod:`pipeline.fused`, :mod:`pipeline.fused_lanes`);
 - a streaming query per IMMEDIATE stream table over the change feeds of its other sources (Delta tables
   written by others, scheduled stream tables; :mod:`pipeline.immediate`), none for a table read only from
   mirrors;
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline import fused
 from pipeline.errors import ConfigError, SourceError
+from pipeline.fused_lanes import RefreshLanes
 
 if TYPE_CHECKING:
     from pipeline.api import StreamTables
@@ -156,10 +157,13 @@ class Runtime:
         self._halt = threading.Event()  # ends the watcher thread
         self._watcher: threading.Thread | None = None
         self._follows: dict[str, frozenset[str]] = {}  # IMMEDIATE table -> the sources its query follows
-        #: IMMEDIATE tables the fused path must refresh outside a batch -> (failures so far, next attempt): a
-        #: failed fused refresh, and every fused table at start (a batch's refresh may have been cut short)
-        self._fused_due: dict[str, tuple[int, float]] = {}
-        self._fused_guard = threading.Lock()
+        #: Kafka source -> the IMMEDIATE tables a batch of it marks for their lanes (pipeline.fused.fed_by),
+        #: recomputed each tick from the catalog so that a batch reads no catalog
+        self._fed: dict[str, list[str]] = {}
+        rt = conf.runtime
+        self.lanes = RefreshLanes(
+            st.refresh_stream_table, self._fused_done, self._fused_failed,
+            lambda n: min(rt.retry_backoff_max_seconds, rt.retry_backoff_seconds * 2 ** (n - 1)))
 
     # --- start-up ---
 
@@ -284,7 +288,6 @@ class Runtime:
             while not stop.is_set():
                 status = self.st.status()
                 self._sync_immediate(status)
-                self._refresh_fused_due()
                 sched.sync(status)
                 for outcome in sched.tick():
                     if outcome.ok and outcome.result is not None:
@@ -313,9 +316,10 @@ class Runtime:
             if name in self.immediate:
                 self.st.stop(name)
             self._follows[name] = follow
-            if len(follow) < len(d.sources):  # a mirror batch refreshes it: once now, to catch up
-                with self._fused_guard:
-                    self._fused_due.setdefault(name, (0, 0.0))
+            if len(follow) < len(d.sources):  # mirror batches mark it for its lane, which refreshes it once now
+                self.lanes.open(name)
+            else:
+                self.lanes.close(name)
             try:
                 self.immediate[name] = self.st.start(name, follow=set(follow))
                 self.log.event("started", name=name, follows=sorted(follow),
@@ -325,56 +329,32 @@ class Runtime:
                 self.immediate[name] = None
         for name in set(self.immediate) - want:
             self.st.stop(name)
+            self.lanes.close(name)
             del self.immediate[name]
             self._follows.pop(name, None)
             self.log.event("stopped", name=name)
+        lanes = [d for d in defs.values() if d.name in self.lanes.names()]
+        self._fed = {source: fused.fed_by(lanes, source) for source in self._sources}
 
     # --- the fused path (pipeline.fused) ---
 
     def _after_batch(self, source: str) -> Any:
-        """What a micro-batch of ``source`` runs after its mirror commit: the refresh of each IMMEDIATE table
-        it feeds, upstream first. Never raises: a failing table is retried from the run loop (with back-off),
-        and neither the batch, the ingestion of this topic nor the other tables wait for it."""
+        """What a micro-batch of ``source`` runs after its mirror commit: mark the IMMEDIATE tables it feeds
+        for their lanes (:mod:`pipeline.fused_lanes`), which refresh them beside the ingestion. Never blocks
+        on a refresh and never raises."""
 
-        def refresh() -> None:
-            try:
-                names = fused.fed_by([d for d in self.st.catalog.all() if d.name in self.immediate], source)
-            except Exception as e:  # noqa: BLE001 - the catalog is unreadable now; the next batch tries again
-                self.log.error(f"after a batch of {source}: cannot read the catalog: {type(e).__name__}: {e}")
-                return
-            for name in names:
-                self._refresh_fused(name, f"a batch of {source}")
+        def mark() -> None:
+            self.lanes.mark(self._fed.get(source, ()), f"a batch of {source}")
 
-        return refresh
+        return mark
 
-    def _refresh_fused(self, name: str, why: str) -> None:
-        try:
-            result = self.st.refresh_stream_table(name)
-        except Exception as e:  # noqa: BLE001 - recorded by the refresh; retried from the run loop
-            with self._fused_guard:
-                n = self._fused_due.get(name, (0, 0.0))[0] + 1
-                rt = self.conf.runtime
-                delay = min(rt.retry_backoff_max_seconds, rt.retry_backoff_seconds * 2 ** (n - 1))
-                self._fused_due[name] = (n, time.time() + delay)
-            self.log.error(f"IMMEDIATE refresh of {name} after {why} failed: {type(e).__name__}: "
-                           f"{_first_line(e)}; retrying in {delay:.1f} s (attempt {n})")
-            return
-        with self._fused_guard:
-            self._fused_due.pop(name, None)
+    def _fused_done(self, name: str, result: Any, why: str) -> None:
         if result.action != "NO_DATA":
             self.log.refresh(result, note=self._stale_note(result))
 
-    def _refresh_fused_due(self) -> None:
-        """Refresh the fused tables whose retry is due (see :attr:`_fused_due`)."""
-        now = time.time()
-        with self._fused_guard:
-            due = [(n, failures) for n, (failures, at) in self._fused_due.items() if at <= now]
-        for name, failures in due:
-            if name in self.immediate:
-                self._refresh_fused(name, "its failed refresh" if failures else "the start")
-            else:
-                with self._fused_guard:
-                    self._fused_due.pop(name, None)
+    def _fused_failed(self, name: str, error: BaseException, why: str, failures: int, retry_in: float) -> None:
+        self.log.error(f"IMMEDIATE refresh of {name} after {why} failed: {type(error).__name__}: "
+                       f"{_first_line(error)}; retrying in {retry_in:.1f} s (attempt {failures})")
 
     def _check_queries(self, kinds: tuple[str, ...] = ("ingestion", "stream table")) -> None:
         """Restart a streaming query that died, with exponential back-off (the runtime's retry settings).
@@ -597,6 +577,7 @@ class Runtime:
         for h in self.health.values():
             h.status, h.since, h.error = "STOPPED", time.time(), None
         self._write_sources_status()
+        self.lanes.stop(max(0.0, deadline - time.time()))
         self.st.stop_all()
         for e in errors:
             self.log.error(f"stopping a streaming query: {e}")

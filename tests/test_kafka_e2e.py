@@ -342,8 +342,8 @@ runtime:
             deadline = time.time() + 60
             while totals not in runtime.immediate and time.time() < deadline:
                 time.sleep(0.2)
-            # the fused path: the ingestion batch that committed the events refreshed the table (it reads only
-            # the mirror, so it has no streaming query of its own); waiting for ingestion waited for it
+            # the fused path: the ingestion batch that committed the events marked the table for its lane (it reads only
+            # the mirror, so it has no streaming query of its own)
             assert runtime.immediate[totals] is None, "an IMMEDIATE table over a mirror got a polling query"
             settled(totals, q_totals, f"round {rnd}")
             settled(by_region, q_region, f"round {rnd}")
@@ -428,3 +428,121 @@ def test_small_batches_committed_on_the_driver_make_the_mirror_spark_makes(spark
         f"SELECT id, customer, amount, qty, _change_type, _commit_version FROM table_changes('{m}', 1)").collect()),
         key=repr) for p, m in mirrors.items()}
     assert changes["driver"] == changes["spark"]
+
+
+def test_a_slow_and_a_failing_table_hold_back_neither_ingestion_nor_the_other_tables(
+    spark: Any, broker: Any, unique_name: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue [F] point 5, under the runtime of ``trickle run``: over two Kafka sources, one IMMEDIATE table
+    whose refresh blocks (a gate held shut) and one whose refresh raises. Meanwhile both topics keep being
+    ingested and the two healthy tables, one per topic, keep catching up and match their queries; the
+    failing one is retried with back-off and catches up once it works again, and so does the slow one."""
+    import threading
+
+    from kafka import KafkaProducer
+
+    from pipeline import StreamTables
+    from pipeline.cli import _Logger
+    from pipeline.conf import load_conf
+    from pipeline.runtime import Runtime
+
+    a, b = unique_name("ns_a"), unique_name("ns_b")
+    slow, broken, ok_a, ok_b = (unique_name(n) for n in ("ns_slow", "ns_broken", "ns_ok_a", "ns_ok_b"))
+    queries = {slow: f"SELECT customer, COUNT(*) AS n FROM {a} GROUP BY customer",
+               broken: f"SELECT qty, SUM(amount) AS s FROM {a} GROUP BY qty",
+               ok_a: f"SELECT customer, SUM(amount) AS total, COUNT(*) AS n FROM {a} GROUP BY customer",
+               ok_b: f"SELECT qty, COUNT(*) AS n FROM {b} GROUP BY qty"}
+    for m in (a, b):
+        broker.create_topic(f"shop.public.{m}")
+    source = """
+  - name: {m}
+    kind: kafka
+    topic: shop.public.{m}
+    bootstrap_servers: "{servers}"
+    columns: {{id: BIGINT, customer: STRING, amount: "DECIMAL(10,2)", qty: INT}}
+    key: id
+    trigger_seconds: 0.5"""
+    table = """
+  - name: {name}
+    refresh_mode: IMMEDIATE
+    query: {query}"""
+    conf_file = tmp_path / "pipeline.yaml"
+    conf_file.write_text("sources:" + "".join(source.format(m=m, servers=broker.bootstrap) for m in (a, b))
+                         + "\ncheckpoints: ckpt\nstream_tables:"
+                         + "".join(table.format(name=n, query=q) for n, q in queries.items())
+                         + "\nruntime:\n  tick_seconds: 0.5\n  retry_backoff_seconds: 0.5\n"
+                         "  retry_backoff_max_seconds: 2\n")
+    gate = threading.Event()
+    failing = threading.Event()
+    failing.set()
+
+    class Stalling(StreamTables):
+        def refresh_stream_table(self, name: str) -> Any:
+            if name == slow:
+                gate.wait(300)
+            if name == broken and failing.is_set():
+                raise RuntimeError(f"{broken} is broken on purpose")
+            return super().refresh_stream_table(name)
+
+    st = Stalling(spark, root=str(tmp_path / "trickle"))
+    other = StreamTables(spark, root=str(tmp_path / "trickle"))
+    runtime = Runtime(st, load_conf(conf_file), _Logger(json_lines=False), tmp_path)
+    stop = threading.Event()
+    models = {m: Model(seed=i, topic=f"shop.public.{m}") for i, m in enumerate((a, b), start=21)}
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+
+    def caught_up(name: str, mirror: str) -> bool:
+        version = _version(spark, mirror)
+        fr = next((s.get("frontier") or {} for s in other.status() if s["name"] == name), {})
+        return any(str(k).endswith(mirror) and int(v) >= version for k, v in fr.items())
+
+    def wait_caught_up(names: dict[str, str], where: str, timeout_s: float = 60) -> None:
+        deadline = time.time() + timeout_s
+        while not all(caught_up(n, m) for n, m in names.items()):
+            assert time.time() < deadline, f"{where}: not caught up: {other.status()}"
+            time.sleep(0.3)
+        for n in names:
+            assert_matches(spark, other, n, queries[n], f"{where}: {n}")
+
+    for model in models.values():
+        model.snapshot(20)
+        model.flush(producer)
+    loop = threading.Thread(target=runtime.run, args=(stop,), daemon=True)
+    try:
+        runtime.start_sources()
+        runtime.create_stream_tables(stop)
+        loop.start()
+        versions = []
+        for rnd in range(1, 4):
+            for model in models.values():
+                model.round(15)
+                model.flush(producer)
+            for m in (a, b):
+                _wait(runtime.ingestion[m], f"ingestion of {m}")
+                _check_mirror(spark, m, models[m], f"round {rnd}")
+            versions.append(_version(spark, a))
+            wait_caught_up({ok_a: a, ok_b: b}, f"round {rnd}, {slow} stuck, {broken} failing")
+            assert not gate.is_set()
+        assert versions == sorted(set(versions)), f"the mirror of {a} stopped moving: {versions}"
+        assert other.status() and not caught_up(slow, a), "the slow table was not held up: the test shows nothing"
+        assert not caught_up(broken, a)
+        err = capsys.readouterr().err
+        assert f"IMMEDIATE refresh of {broken}" in err and "retrying in" in err and "(attempt 3)" in err, err
+        failing.clear()
+        gate.set()
+        wait_caught_up({slow: a, broken: a, ok_a: a, ok_b: b}, "after the slow and the failing table recovered")
+    finally:
+        gate.set()
+        stop.set()
+        loop.join(60)
+        runtime.stop()
+        producer.close()
+    assert not loop.is_alive(), "the run loop did not stop"
+
+
+def _version(spark: Any, table: str) -> int:
+    """The latest commit version of a Delta table, from its log."""
+    from connectors.delta_log import DeltaLog
+
+    location = spark.sql(f"DESCRIBE DETAIL {table}").first()["location"]
+    return int(DeltaLog(spark, location).latest_version() or 0)
