@@ -10,8 +10,13 @@ run`` runs them: one ingestion query per topic (Debezium -> Delta mirror, :mod:`
 and one IMMEDIATE stream table, a join + aggregate, kept fresh by one of three paths, side by side in one run:
 
 * ``fused`` (what ``trickle run`` does): each ingestion micro-batch commits its events to the mirror (small
-  batches decoded on the driver and committed by delta-rs) and then refreshes the stream table, in the same
-  ``foreachBatch`` (:mod:`pipeline.fused`);
+  batches decoded on the driver and committed by delta-rs), marks the stream table for its refresh lane and
+  waits for that refresh up to ``runtime.fused_wait_seconds`` (:mod:`pipeline.fused`,
+  :mod:`pipeline.fused_lanes`);
+* ``inline``: the first fused path, kept for comparison: the refresh runs inside the same ``foreachBatch``,
+  after the mirror commit, however long it takes;
+* ``beside``: the lanes without waiting: the batch marks the table and returns, the refresh runs beside the
+  next batch (measured slower on 2 cores: kept to show why the batch waits);
 * ``polled``: the same mirror commits, and the stream table's own streaming query over the mirrors' change
   feeds refreshes it (the IMMEDIATE query of a table over Delta sources);
 * ``before``: ``polled`` with every mirror batch committed by Spark's MERGE (``trickle.ingest.driverBelowRows=0``),
@@ -28,15 +33,21 @@ Data Feed (which version applied each order id) and the Delta logs (commit times
 "Kafka -> mirror" and "mirror -> stream table". A rate is *sustained* when freshness does not grow over the
 run (last third's median <= 1.5 x first third's + 1 s) and the stream table catches up within 60 s after
 the producer stops. Nothing here asserts a time; the result must equal the query (checked, reported).
+
+The timed producer runs in a child process (``--produce``), as a real producer runs outside the pipeline:
+at 5k events/s, encoding and sending the events inside the driver took a share of its two cores and of its
+GIL that the pipeline does not pay in production.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +57,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.streaming import percentile  # noqa: E402
+from pipeline.conf import RuntimeSpec  # noqa: E402
+from pipeline.fused_lanes import RefreshLanes  # noqa: E402
 
 QUERY = ("SELECT c.region, COUNT(*) AS n, SUM(o.amount) AS total FROM {orders} o "
          "JOIN {customers} c ON o.customer_id = c.id GROUP BY c.region")
@@ -100,7 +113,8 @@ class Feed:
                 self.customer(self.rng.randrange(1, CUSTOMERS + 1))
 
 
-PATHS = ("fused", "polled", "before")
+PATHS = ("fused", "inline", "beside", "polled", "before")
+_RUNS = itertools.count(1)
 
 
 def run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: float, path: str) -> dict[str, Any]:
@@ -122,7 +136,8 @@ def _run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: flo
     from connectors.debezium import SourceSchema
     from connectors.delta_log import DeltaLog
 
-    orders, customers, name = f"k_orders_{path}_{rate}", f"k_customers_{path}_{rate}", f"k_by_region_{path}_{rate}"
+    run = next(_RUNS)  # a path may be given twice (interleaved repeats): each run gets its own topics and tables
+    orders, customers, name = (f"k_{what}_{path}_{rate}_{run}" for what in ("orders", "customers", "by_region"))
     for t in (orders, customers):
         broker.create_topic(f"shop.public.{t}", partitions=1)
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks=1, linger_ms=20)
@@ -137,20 +152,28 @@ def _run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: flo
             kafka_mirror.KafkaSource(customers, f"shop.public.{customers}", broker.bootstrap,
                                      SourceSchema((("id", "INT"), ("name", "STRING"), ("region", "STRING")),
                                                   ("id",)))]
-    fed: list[str] = []  # the fused path's stream table, once created
+    fed: list[str] = []  # the inline path's stream table, once created
+    lanes = RefreshLanes(st.refresh_stream_table, lambda *_: None,
+                         lambda n, e, *_: print(f"refresh of {n} failed: {e}", flush=True), lambda n: 0.5)
 
     def after_batch() -> None:
+        if path == "beside":
+            lanes.mark([name], "a batch")
+        if path == "fused":
+            lanes.wait(lanes.mark([name], "a batch"), RuntimeSpec().fused_wait_seconds)
         for t in fed:
             st.refresh_stream_table(t)
 
     queries = [kafka_mirror.start(spark, s, f"{wh}/ckpt_{s.name}", trigger_seconds=0.5,
-                                  after_batch=after_batch if path == "fused" else None) for s in srcs]
+                                  after_batch=after_batch if path in ("fused", "inline", "beside") else None) for s in srcs]
     for q in queries:
         q.processAllAvailable()
     st.create_stream_table(name, QUERY.format(orders=orders, customers=customers), refresh_mode="IMMEDIATE")
-    if path == "fused":
+    imm = None
+    if path in ("fused", "beside"):
+        lanes.open(name)
+    elif path == "inline":
         fed.append(name)
-        imm = None
     else:
         imm = st.start(name)
     d = st.catalog.get(name)
@@ -158,18 +181,11 @@ def _run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: flo
     mirror_log, st_log = DeltaLog(spark, mirror_path), DeltaLog(spark, d.path)
     first_id = feed.next_id
     time.sleep(3)  # let the first IMMEDIATE micro-batch settle
-    t0 = time.time()
-    batch = max(1, rate // 20)  # 20 sends per second
-    tick = t0
-    sent = 0
-    while time.time() < t0 + seconds:
-        feed.tick(batch)
-        sent += batch
-        tick += batch / rate
-        time.sleep(max(0.0, tick - time.time()))
-    producer.flush()
-    produce_s = time.time() - t0
-    last_id = feed.next_id - 1
+    produced = _produce_in_child({"servers": broker.bootstrap, "orders": feed.orders_topic,
+                                  "customers": feed.customers_topic, "seed": rate + 1, "rate": rate,
+                                  "seconds": seconds, "next_id": feed.next_id, "lsn": feed.lsn, "open": feed.open})
+    sent, produce_s, last_id = produced["sent"], produced["produce_s"], produced["last_id"]
+    feed.sent_at.update({int(k): v for k, v in produced["sent_at"].items()})
 
     def mirror_has_all() -> int | None:
         """The mirror version that holds the last order sent, once it is there."""
@@ -204,6 +220,7 @@ def _run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: flo
         q.processAllAvailable()
     time.sleep(2)
     fed.clear()
+    lanes.stop()
     st.stop(name)
     for q in queries:
         q.stop()
@@ -240,6 +257,9 @@ def _run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: flo
         a[0] == b[0] and a[1] == b[1] and abs((a[2] or 0) - (b[2] or 0)) < 1e-6 * max(1, abs(a[2] or 0))
         for a, b in zip(want, got, strict=True))
     refreshes = sum(1 for f, _ in st_commits if f > 0)
+    hist = [h for h in st.history(name, limit=2000) if h.get("action") not in (None, "NO_DATA")]
+    took = sorted(float(h.get("duration_ms") or 0) / 1000 for h in hist)
+    slowest = sorted(hist, key=lambda h: -float(h.get("duration_ms") or 0))[:3]
     return {
         "path": path, "rate": rate, "seconds": seconds, "events_sent": sent, "produce_s": round(produce_s, 1),
         "orders_measured": len(lags), "p50_s": statistics.median(lags), "p99_s": percentile(lags, 99),
@@ -247,7 +267,42 @@ def _run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: flo
         "mirror_to_st_p50_s": statistics.median(to_st), "first_third_p50_s": early, "last_third_p50_s": late,
         "drain_s": drain, "st_refreshes": refreshes, "throughput_events_per_s": sent / produce_s,
         "sustained": caught_up and late <= 1.5 * early + 1.0, "result_equals_query": same,
+        # where a refresh's time goes: its own duration, and the slowest few as the history recorded them
+        "refresh_p50_s": statistics.median(took) if took else None, "refresh_max_s": max(took, default=None),
+        "slowest_refreshes": [{k: h.get(k) for k in ("action", "reason", "duration_ms", "apply", "delta_engine",
+                                                      "rows_inserted", "rows_deleted", "started_at")}
+                              for h in slowest],
     }
+
+
+def produce(job: dict[str, Any]) -> dict[str, Any]:
+    """The timed phase's events, at ``rate`` per second for ``seconds``, continuing the driver's feed (its
+    next order id, LSN and open orders); returns when each order was sent."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=job["servers"], acks=1, linger_ms=20)
+    feed = Feed(producer, job["orders"], job["customers"], seed=job["seed"])
+    feed.next_id, feed.lsn, feed.open = job["next_id"], job["lsn"], list(job["open"])
+    rate, batch = job["rate"], max(1, job["rate"] // 20)  # 20 sends per second
+    t0 = tick = time.time()
+    sent = 0
+    while time.time() < t0 + job["seconds"]:
+        feed.tick(batch)
+        sent += batch
+        tick += batch / rate
+        time.sleep(max(0.0, tick - time.time()))
+    producer.flush()
+    produce_s = time.time() - t0
+    producer.close()
+    return {"sent": sent, "produce_s": produce_s, "last_id": feed.next_id - 1, "sent_at": feed.sent_at}
+
+
+def _produce_in_child(job: dict[str, Any]) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, __file__, "--produce", json.dumps(job)], capture_output=True, text=True,
+                          check=False, timeout=job["seconds"] + 300)
+    if done.returncode != 0:
+        raise RuntimeError(f"the producer process failed ({done.returncode}): {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def _row(f: dict[str, Any]) -> None:
@@ -263,7 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paths", default=",".join(PATHS), help=f"which of {', '.join(PATHS)} to run, in this order")
     p.add_argument("--seconds", type=float, default=30.0, help="producer run time per rate")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark settings")
+    p.add_argument("--produce", metavar="JSON", help=argparse.SUPPRESS)  # the child process of one rate
     args = p.parse_args(argv)
+    if args.produce:
+        print(json.dumps(produce(json.loads(args.produce))), flush=True)
+        return 0
     from pipeline import StreamTables, spark_session
     from services.kafka import KafkaBroker
 

@@ -81,6 +81,7 @@ RUNTIME_KEYS = frozenset(
         "retry_backoff_seconds",
         "retry_backoff_max_seconds",
         "scheduler_threads",
+        "fused_wait_seconds",
     }
 )
 KAFKA_SOURCE_KEYS = frozenset(
@@ -162,6 +163,7 @@ DEFAULT_MAX_CONSECUTIVE_ERRORS = 3
 DEFAULT_RETRY_BACKOFF_SECONDS = 1.0
 DEFAULT_RETRY_BACKOFF_MAX_SECONDS = 300.0
 DEFAULT_SCHEDULER_THREADS = 2
+DEFAULT_FUSED_WAIT_SECONDS = 10.0
 DEFAULT_STARTING_OFFSETS = "earliest"
 DEFAULT_TRIGGER_SECONDS = 1.0
 
@@ -190,6 +192,9 @@ class RuntimeSpec:
     cluster). ``retry_backoff_seconds`` / ``retry_backoff_max_seconds``: after the n-th failure in a row the
     next attempt waits ``min(base * 2**(n-1), max)``, so a flapping source is not hammered.
     ``scheduler_threads``: how many independent stream tables are refreshed at the same time.
+    ``fused_wait_seconds``: how long a Kafka source's micro-batch waits for the IMMEDIATE refreshes it
+    started before its ingestion moves on (:mod:`pipeline.fused_lanes`): serial is fastest on few cores,
+    and a slow table must not hold ingestion back for longer than this.
     """
 
     tick_seconds: float = DEFAULT_TICK_SECONDS
@@ -197,6 +202,7 @@ class RuntimeSpec:
     retry_backoff_seconds: float = DEFAULT_RETRY_BACKOFF_SECONDS
     retry_backoff_max_seconds: float = DEFAULT_RETRY_BACKOFF_MAX_SECONDS
     scheduler_threads: int = DEFAULT_SCHEDULER_THREADS
+    fused_wait_seconds: float = DEFAULT_FUSED_WAIT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -799,10 +805,14 @@ def _runtime(path: Path, value: Any) -> RuntimeSpec:
     threads = _positive_int(
         path, w, "scheduler_threads", value.get("scheduler_threads"), DEFAULT_SCHEDULER_THREADS
     )
+    fused_wait = _positive_number(
+        path, w, "fused_wait_seconds", value.get("fused_wait_seconds"), DEFAULT_FUSED_WAIT_SECONDS
+    )
     return RuntimeSpec(
         tick_seconds=tick,
         max_consecutive_errors=errors,
         retry_backoff_seconds=base,
         retry_backoff_max_seconds=cap,
         scheduler_threads=threads,
+        fused_wait_seconds=fused_wait,
     )

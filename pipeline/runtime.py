@@ -340,11 +340,16 @@ class Runtime:
 
     def _after_batch(self, source: str) -> Any:
         """What a micro-batch of ``source`` runs after its mirror commit: mark the IMMEDIATE tables it feeds
-        for their lanes (:mod:`pipeline.fused_lanes`), which refresh them beside the ingestion. Never blocks
-        on a refresh and never raises."""
+        for their lanes (:mod:`pipeline.fused_lanes`) and wait for the refreshes that started, at most
+        ``runtime.fused_wait_seconds``; a table still refreshing then goes on beside the ingestion. Never
+        raises."""
 
         def mark() -> None:
-            self.lanes.mark(self._fed.get(source, ()), f"a batch of {source}")
+            budget = self.conf.runtime.fused_wait_seconds
+            late = self.lanes.wait(self.lanes.mark(self._fed.get(source, ()), f"a batch of {source}"), budget)
+            if late:
+                self.log.event("fused_wait_over", source=source, still_refreshing=sorted(late),
+                               waited_seconds=budget)
 
         return mark
 

@@ -152,3 +152,45 @@ def test_a_closed_lane_refreshes_no_more() -> None:
     _until(lambda: t.count("a") == 2)
     assert t.done[-1] == ("a", "re-opened")
     lanes.stop()
+
+
+def test_a_batch_waits_for_the_refreshes_it_started_and_no_longer_than_its_budget() -> None:
+    t = _Tables()
+    t.gates["slow"] = threading.Event()
+    t.gates["slow"].set()
+    lanes = t.lanes(backoff=lambda n: 60.0)
+    lanes.open("slow")
+    lanes.open("fast")
+    _until(lambda: lanes.idle())
+    tickets = lanes.mark(["fast", "slow"], "batch 1")
+    assert set(tickets) == {"fast", "slow"}
+    assert lanes.wait(tickets, 10) == [], "the batch moved on before its refreshes finished"
+    assert t.count("fast") == 2 and t.count("slow") == 2, "wait returned before the refreshes ran"
+    t.gates["slow"].clear()
+    started = time.monotonic()
+    assert lanes.wait(lanes.mark(["fast", "slow"], "batch 2"), 0.3) == ["slow"]
+    assert 0.3 <= time.monotonic() - started < 5
+    tickets = lanes.mark(["fast", "slow"], "batch 3")
+    assert set(tickets) == {"fast"}, "a batch waited again for a table that kept one waiting its whole budget"
+    assert lanes.wait(tickets, 10) == []
+    t.failing.add("fast")
+    assert lanes.wait(lanes.mark(["fast"], "batch 4"), 10) == [], "a failed refresh is finished too"
+    assert lanes.mark(["fast"], "batch 5") == {}, "a batch waits for a lane backing off after a failure"
+    t.gates["slow"].set()
+    lanes.stop(timeout_s=1)
+
+
+def test_a_mark_during_a_refresh_waits_for_the_refresh_after_it() -> None:
+    """Two sources' batches mark one table: the second batch's events are not in the refresh in flight, so
+    it waits for the next one (which covers them)."""
+    t = _Tables()
+    t.gates["a"] = threading.Event()
+    lanes = t.lanes()
+    lanes.open("a")
+    _until(lambda: t.count("a") == 1)
+    tickets = lanes.mark(["a"], "a batch of customers")
+    assert tickets == {"a": 2}
+    t.gates["a"].set()
+    assert lanes.wait(tickets, 10) == []
+    assert t.count("a") == 2, "the batch went on before the refresh covering it had run"
+    lanes.stop()
