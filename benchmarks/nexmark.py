@@ -25,9 +25,9 @@ empty), and bids carry an ``id`` primary key (Debezium needs one; Nexmark's bids
 
 Pipeline, the pieces ``trickle run`` uses, in one Spark application: one ingestion query per topic
 (:func:`connectors.kafka_mirror.start`, Debezium -> Delta mirror named like the topic, trigger 0.5 s); each
-mirror batch marks the IMMEDIATE tables that read it (:func:`pipeline.fused.fed_by`) and returns at once,
-and each table's refresh lane (:class:`pipeline.fused_lanes.RefreshLanes`) refreshes it beside the
-ingestion, coalescing marks (the ``fused`` path of kafka_freshness as of commit d53d563).
+mirror batch marks the IMMEDIATE tables that read it (:func:`pipeline.fused.fed_by`), and each table's
+refresh lane (:class:`pipeline.fused_lanes.RefreshLanes`) refreshes it, coalescing marks; the batch waits
+for those refreshes up to ``runtime.fused_wait_seconds`` (the ``fused`` path of kafka_freshness).
 
 The queries. ``{bucket}`` is a 10 s tumbling window of event time, written as a grouping column (a stream
 table is one query over whole tables; Nexmark's q5 uses sliding windows, q7/q8 its streaming windows):
@@ -106,6 +106,7 @@ from typing import Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.streaming import percentile  # noqa: E402
+from pipeline.conf import RuntimeSpec  # noqa: E402
 
 TOPICS = ("person", "auction", "bid")
 
@@ -370,7 +371,7 @@ def _marker(lanes: Any, fed: dict[str, list[str]], mirror: str) -> Callable[[], 
     """The ``after_batch`` of one mirror's ingestion query: mark the tables its batches feed."""
 
     def mark() -> None:
-        lanes.mark(fed.get(mirror, ()), f"a batch of {mirror}")
+        lanes.wait(lanes.mark(fed.get(mirror, ()), f"a batch of {mirror}"), RuntimeSpec().fused_wait_seconds)
 
     return mark
 

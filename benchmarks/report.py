@@ -1,6 +1,7 @@
 """Turn benchmark results (benchmarks/out/*.json) into Markdown tables and the speedup plot.
 
     ./dev bench report [results.json ...] [--png docs/benchmark_speedup.png] [--tag T]
+    ./dev bench report --freshness [kafka-freshness-*.json] [--png docs/kafka_freshness.png]
 
 Without arguments it merges every matrix results file in benchmarks/out/ (``results-*.json``; a later file
 wins for the same cell), so the matrix can be measured in several runs (e.g. the 10M- and 100M-row cells
@@ -13,6 +14,10 @@ refresh's time went and its commit path. Files written before a column existed s
 The plot has one panel per query shape, FULL/DIFFERENTIAL against change rate, one line per source size,
 log-log: wall time in the top row; when the results have them, CPU-seconds in a second row and AUTO's time
 against the faster of FULL and DIFFERENTIAL in a third (the dotted line is issue 16's 1.2x target).
+
+``--freshness`` reads a run of ``./dev bench kafka`` instead (default: the newest ``kafka-freshness-*.json``):
+its table as in docs/BENCHMARKS.md, and a plot of p50 (bar) and p99 (tick) freshness per path and rate, the
+dotted lines being issue 17's targets (p50 2 s, p99 4 s).
 """
 
 from __future__ import annotations
@@ -146,13 +151,88 @@ def plot(rows: list[dict[str, Any]], png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
+FRESHNESS_HEADER = ("| path | events/s | sent | p50 s | p99 s | max s | Kafka→mirror p50 | mirror→ST p50 | "
+                    "first third p50 | last third p50 | ST refreshes | drain s | sustained | equals query |\n"
+                    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+
+
+def freshness_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [FRESHNESS_HEADER]
+    for f in rows:
+        lines.append(f"| {f['path']} | {f['rate']:,} | {f['events_sent']:,} | {f['p50_s']:.2f} | {f['p99_s']:.2f} | "
+                     f"{f['max_s']:.2f} | {f['kafka_to_mirror_p50_s']:.2f} | {f['mirror_to_st_p50_s']:.2f} | "
+                     f"{f['first_third_p50_s']:.2f} | {f['last_third_p50_s']:.2f} | {f['st_refreshes']} | "
+                     f"{f['drain_s']:.1f} | {f['sustained']} | {f['result_equals_query']} |")
+    return "\n".join(lines)
+
+
+def freshness_plot(rows: list[dict[str, Any]], png: Path) -> None:
+    """Per rate a group of bars, one per path: p50 as the bar, split into Kafka→mirror and mirror→stream
+    table, p99 as a black tick; log scale, because the slowest path is ten times the fastest."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    rates = sorted({r["rate"] for r in rows})
+    paths = list(dict.fromkeys(r["path"] for r in rows))
+    by: dict[tuple[int, str], dict[str, Any]] = {}
+    for r in rows:  # a path measured more than once in the run (interleaved repeats): their mean
+        seen = by.setdefault((r["rate"], r["path"]), {**r, "n": 0, "p50_s": 0.0, "p99_s": 0.0})
+        seen["n"] += 1
+        seen["sustained"] = seen["sustained"] and r["sustained"]
+        for k in ("p50_s", "p99_s"):
+            seen[k] += (r[k] - seen[k]) / seen["n"]
+    width = 0.8 / len(paths)
+    fig, ax = plt.subplots(figsize=(2.2 + 1.1 * len(rates) * len(paths), 3.8))
+    for i, path in enumerate(paths):
+        xs = [k + (i - (len(paths) - 1) / 2) * width for k in range(len(rates))]
+        got = [by.get((rate, path)) for rate in rates]
+        p50 = [r["p50_s"] if r else 0 for r in got]
+        bars = ax.bar(xs, p50, width * 0.9, label=path)
+        ax.scatter(xs, [r["p99_s"] if r else float("nan") for r in got], marker="_", s=200, color="black",
+                   zorder=3)
+        for bar, r in zip(bars, got, strict=True):
+            if r and not r["sustained"]:
+                ax.annotate("not sustained", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=6, rotation=90)
+    ax.axhline(2.0, color="red", linewidth=0.8, linestyle=":", label="p50 target 2 s")
+    ax.axhline(4.0, color="black", linewidth=0.8, linestyle=":", label="p99 target 4 s")
+    ax.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda y, _pos: f"{y:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.set_xticks(range(len(rates)), [f"{r:,} events/s" for r in rates])
+    ax.set_ylabel("send → stream table commit, s\n(bar: p50, tick: p99; mean of repeats)")
+    ax.set_title("End-to-end freshness through Kafka (IMMEDIATE join + aggregate)")
+    ax.grid(True, axis="y", which="both", linewidth=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="*", type=Path)
     p.add_argument("--tag", default="", help="only runs with this --tag (default: untagged runs)")
     p.add_argument("--png", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "benchmark_speedup.png")
     p.add_argument("--no-plot", action="store_true", help="tables only (no matplotlib needed)")
+    p.add_argument("--freshness", action="store_true", help="a ./dev bench kafka run instead of the matrix")
     args = p.parse_args(argv)
+    if args.freshness:
+        runs = args.results or sorted(OUT.glob("kafka-freshness-*.json"), key=lambda x: x.stat().st_mtime)[-1:]
+        if not runs:
+            print("no results: run ./dev bench kafka first", file=sys.stderr)
+            return 1
+        rows = [r for run in runs for r in json.loads(run.read_text())]
+        print(freshness_markdown(rows))
+        if not args.no_plot:
+            png = args.png if "--png" in (argv or sys.argv) else args.png.with_name("kafka_freshness.png")
+            freshness_plot(rows, png)
+            print(f"plot written to {png}", file=sys.stderr)
+        return 0
     if args.results:
         paths = [x for x in args.results if not x.name.startswith("floor-")]
         floors = [x for x in args.results if x.name.startswith("floor-")]
