@@ -546,7 +546,9 @@ class ChangeEvent:
     ``position`` orders events (see the module docstring); ``ts_ms`` is when the change happened in the
     database (``source.ts_ms``), else when the connector processed it. ``unavailable`` names columns whose
     value PostgreSQL did not send (unchanged TOAST); their ``row`` entry is None and the mirror must keep its
-    current value."""
+    current value. ``txn`` is ``(transaction id, data_collection_order)`` when the connector provides
+    transaction metadata (``provide.transaction.metadata``; the envelope's ``transaction`` block): the
+    event's 1-based position among its transaction's events of this table (:mod:`pipeline.transactions`)."""
 
     op: str
     key: tuple[Any, ...] | None
@@ -555,10 +557,11 @@ class ChangeEvent:
     position: tuple[int, int, int]
     ts_ms: int | None
     unavailable: tuple[str, ...] = ()
+    txn: tuple[str, int] | None = None
 
     def __init__(self, op: str, key: tuple[Any, ...] | None, row: tuple[Any, ...] | None,
                  before_key: tuple[Any, ...] | None, position: tuple[int, int, int], ts_ms: int | None,
-                 unavailable: tuple[str, ...] = ()) -> None:
+                 unavailable: tuple[str, ...] = (), txn: tuple[str, int] | None = None) -> None:
         # Hand-written because the generated frozen __init__ (one object.__setattr__ per field) cost ~0.8 us
         # of a ~10 us decode; the instance stays immutable (the frozen __setattr__ still applies).
         d = self.__dict__
@@ -569,6 +572,7 @@ class ChangeEvent:
         d["position"] = position
         d["ts_ms"] = ts_ms
         d["unavailable"] = unavailable
+        d["txn"] = txn
 
 
 def order_key(e: ChangeEvent) -> tuple[int, int, int]:
@@ -791,8 +795,9 @@ def _decode_envelope(p: dict[str, Any], vs: dict[str, Any] | None, prefix: str, 
         raise DecodeError(f"{prefix}source: expected an object, got {_describe(src)}")
     position, ts = _position(src.get("lsn"), src.get("sequence"), src.get("ts_ms"), p.get("ts_ms"), prefix,
                              _ENVELOPE_POSITION_FIELDS)
+    txn = _transaction(p.get("transaction"), prefix)
     if op == "t":
-        return ChangeEvent("t", None, None, None, position, ts)
+        return ChangeEvent("t", None, None, None, position, ts, (), txn)
     before, after = p.get("before"), p.get("after")
     if before is not None and before.__class__ is not dict:
         raise DecodeError(f"{prefix}before: expected an object or null, got {_describe(before)}")
@@ -801,7 +806,7 @@ def _decode_envelope(p: dict[str, Any], vs: dict[str, Any] | None, prefix: str, 
     connect = _envelope_row_fields(vs) if vs is not None else None
     if op == "d":
         key = _delete_key(before, kafka_key, schema, connect, prefix + "before")
-        return ChangeEvent("d", key, None, None, position, ts)
+        return ChangeEvent("d", key, None, None, position, ts, (), txn)
     if after is None:
         raise DecodeError(f"{prefix}after: op {op!r} requires an 'after' row image, got null")
     path = prefix + "after"
@@ -812,7 +817,73 @@ def _decode_envelope(p: dict[str, Any], vs: dict[str, Any] | None, prefix: str, 
         bk = _image_key(before, schema, connect, prefix + "before")
         if bk is not None and bk != key:
             before_key = bk
-    return ChangeEvent(op, key, tuple(row), before_key, position, ts, unavailable)
+    return ChangeEvent(op, key, tuple(row), before_key, position, ts, unavailable, txn)
+
+
+_PG_TXN_ID = re.compile(r"^(\d+):\d+$")
+
+
+def transaction_id(raw: Any) -> str:
+    """A transaction's id as both its events and its END record give it. The PostgreSQL connector writes
+    ``<xid>:<LSN>`` with the LSN of the record at hand, so the events of one transaction and its END differ
+    after the colon (seen: events ``733:22047416``, END ``733:22047592``); the xid alone names it. Other
+    connectors' ids (a MySQL GTID ``<uuid>:<n>``, SQL Server's ``<hex>:<hex>:<hex>``) are kept whole."""
+    text = str(raw)
+    m = _PG_TXN_ID.match(text)
+    return m.group(1) if m else text
+
+
+def _transaction(t: Any, prefix: str) -> tuple[str, int] | None:
+    """The envelope's ``transaction`` block as ``(id, data_collection_order)``; None without metadata."""
+    if t is None:
+        return None
+    if t.__class__ is not dict or t.get("id") is None:
+        raise DecodeError(f"{prefix}transaction: expected an object with an 'id', got {_describe(t)}")
+    try:
+        return transaction_id(t["id"]), int(t.get("data_collection_order"))
+    except (TypeError, ValueError):
+        raise DecodeError(f"{prefix}transaction.data_collection_order: expected an integer, got "
+                          f"{_describe(t.get('data_collection_order'))}") from None
+
+
+@dataclass(frozen=True)
+class TransactionEnd:
+    """An END record of a Debezium transaction topic: how many events the transaction wrote per table
+    (``data_collection`` -> count, e.g. ``public.orders``)."""
+
+    id: str
+    event_count: int
+    collections: dict[str, int]
+    ts_ms: int | None
+
+
+def decode_transaction_end(value: bytes | str | None) -> TransactionEnd | None:
+    """One record of ``<topic.prefix>.transaction``: its END as :class:`TransactionEnd`, None for a BEGIN or
+    a tombstone. Raises :class:`DecodeError` for anything else."""
+    if value is None or len(value) == 0:
+        return None
+    p, _vs, prefix = _unwrap(_parse_object(value, "value"))
+    if p is None:
+        return None
+    if p.__class__ is not dict:
+        raise DecodeError(f"payload: expected an object, got {_describe(p)}")
+    status = p.get("status")
+    if status == "BEGIN":
+        return None
+    if status != "END":
+        raise DecodeError(f"{prefix}status: expected 'BEGIN' or 'END', got {_describe(status)}")
+    collections: dict[str, int] = {}
+    for i, c in enumerate(p.get("data_collections") or ()):
+        try:
+            collections[str(c["data_collection"])] = int(c["event_count"])
+        except (TypeError, KeyError, ValueError):
+            raise DecodeError(f"{prefix}data_collections[{i}]: expected data_collection and event_count, got "
+                              f"{_describe(c)}") from None
+    if p.get("id") is None:
+        raise DecodeError(f"{prefix}id: missing")
+    ts = p.get("ts_ms")
+    return TransactionEnd(transaction_id(p["id"]), int(p.get("event_count") or sum(collections.values())), collections,
+                          int(ts) if isinstance(ts, int | float) else None)
 
 
 def _decode_flattened(p: dict[str, Any], vs: dict[str, Any] | None, prefix: str,

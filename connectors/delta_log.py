@@ -351,6 +351,21 @@ class DeltaLog:
             return None
         return doc.get(TRICKLE_KEY) if isinstance(doc, dict) else None
 
+    def mirror_batch(self, version: int) -> dict[str, Any] | None:
+        """What a Kafka mirror's batch recorded in this commit (:mod:`connectors.kafka_mirror`): its source,
+        batch id, truncate flag and transaction marks. Spark's MERGE writes it at the top of
+        ``userMetadata``, delta-rs inside the ``trickle`` record."""
+        meta = self.commit_info(version).get("userMetadata")
+        if not meta or "trickle_mirror" not in meta:
+            return None
+        try:
+            doc = json.loads(meta)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        return doc.get("trickle_mirror") or (doc.get(TRICKLE_KEY) or {}).get("trickle_mirror")
+
     def trickle_metadata_at(self, version: int) -> dict[str, Any] | None:
         """The refresh record the table's contents reflect at ``version``: that commit's, or the newest
         one before it (a commit without a record, e.g. a user's OPTIMIZE, changes no contents)."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 import difflib
 import json
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,10 @@ class KafkaSource:
     dead_letter: str = ""  # table name; default ``<name>_dead_letter``
     starting_offsets: str = "earliest"
     options: dict[str, str] = field(default_factory=dict)  # extra ``kafka.*`` reader options
+    #: with Debezium's transaction metadata: the table of its transaction topic's ENDs
+    #: (:mod:`connectors.kafka_transactions`) and this topic's table as they name it (``public.orders``)
+    transactions: str = ""
+    collection: str = ""
 
     @property
     def dead_letter_table(self) -> str:
@@ -101,6 +105,22 @@ def create_tables(spark: Any, src: KafkaSource) -> None:
     spark.sql(f"CREATE TABLE IF NOT EXISTS {src.name} ({cols}) USING delta "
               "TBLPROPERTIES (delta.enableChangeDataFeed = true)")
     spark.sql(f"CREATE TABLE IF NOT EXISTS {src.dead_letter_table} ({DEAD_LETTER_DDL}) USING delta")
+    _mark_transactional(spark, src)
+
+
+def _mark_transactional(spark: Any, src: KafkaSource) -> None:
+    """Name the mirror's transaction table and collection in its table properties, which refreshes read
+    (:mod:`pipeline.transaction_logs`); unset them when the source no longer has a transaction topic."""
+    from connectors.kafka_transactions import COLLECTION_PROPERTY, TABLE_PROPERTY
+
+    props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {src.name}").collect()}
+    if src.transactions:
+        want = {TABLE_PROPERTY: _location(spark, src.transactions), COLLECTION_PROPERTY: src.collection}
+        if any(props.get(k) != v for k, v in want.items()):
+            pairs = ", ".join(f"'{k}' = '{v}'" for k, v in want.items())
+            spark.sql(f"ALTER TABLE {src.name} SET TBLPROPERTIES ({pairs})")
+    elif TABLE_PROPERTY in props:
+        spark.sql(f"ALTER TABLE {src.name} UNSET TBLPROPERTIES ('{TABLE_PROPERTY}', '{COLLECTION_PROPERTY}')")
 
 
 def _decoded_schema(spark: Any, schema: SourceSchema) -> Any:
@@ -108,7 +128,8 @@ def _decoded_schema(spark: Any, schema: SourceSchema) -> Any:
 
     cols = ", ".join(f"`{c}` {t}" for c, t in schema.columns)
     meta = ("__op STRING, __pos1 BIGINT, __pos2 BIGINT, __pos3 BIGINT, __unavailable ARRAY<STRING>, "
-            "__topic STRING, __partition INT, __offset BIGINT, __error STRING, __key BINARY, __value BINARY")
+            "__topic STRING, __partition INT, __offset BIGINT, __error STRING, __key BINARY, __value BINARY, "
+            "__txn_id STRING, __txn_dco BIGINT")
     return StructType.fromDDL(f"{cols}, {meta}")
 
 
@@ -129,14 +150,16 @@ def _decode_records(d: dict[str, list[Any]], schema: SourceSchema, out_names: li
         return tuple(row)
 
     def emit(i: int, row: tuple[Any, ...] | None, op: str, pos: tuple[int, int, int],
-             error: str | None = None, unavailable: tuple[str, ...] = ()) -> None:
+             error: str | None = None, unavailable: tuple[str, ...] = (),
+             txn: tuple[str, int] | None = None) -> None:
         for n, v in zip(names, row or (None,) * len(names), strict=True):
             out[n].append(v)
         raw = error is not None
         for col, v in (("__op", op), ("__pos1", pos[0]), ("__pos2", pos[1]), ("__pos3", pos[2]),
                        ("__unavailable", list(unavailable)), ("__topic", d["topic"][i]),
                        ("__partition", d["partition"][i]), ("__offset", d["offset"][i]), ("__error", error),
-                       ("__key", d["key"][i] if raw else None), ("__value", d["value"][i] if raw else None)):
+                       ("__key", d["key"][i] if raw else None), ("__value", d["value"][i] if raw else None),
+                       ("__txn_id", txn[0] if txn else None), ("__txn_dco", txn[1] if txn else None)):
             out[col].append(v)
 
     for i in range(len(d["offset"])):
@@ -144,15 +167,15 @@ def _decode_records(d: dict[str, list[Any]], schema: SourceSchema, out_names: li
             e = decode(d["key"][i], d["value"][i], schema)
             if e is None:  # tombstone: Kafka log compaction's marker, not a change
                 continue
-            pos = e.position
+            pos, txn = e.position, e.txn
             if e.op == "t":
-                emit(i, None, "t", pos)
+                emit(i, None, "t", pos, txn=txn)
             elif e.op == "d":
-                emit(i, keyed(e.key), "d", pos)
+                emit(i, keyed(e.key), "d", pos, txn=txn)
             else:
                 if e.before_key is not None and tuple(e.before_key) != tuple(e.key or ()):
-                    emit(i, keyed(e.before_key), "d", pos)
-                emit(i, e.row, "u", pos, unavailable=e.unavailable)
+                    emit(i, keyed(e.before_key), "d", pos, txn=txn)
+                emit(i, e.row, "u", pos, unavailable=e.unavailable, txn=txn)
         except DecodeError as err:
             emit(i, None, "!", (0, 0, 0), str(err))
     return out
@@ -216,6 +239,23 @@ def _net(cols: dict[str, list[Any]], keys: list[str]) -> list[int]:
     return sorted(latest.values())
 
 
+def transaction_marks(events: Iterable[tuple[str | None, int | None, int, int]]) -> list[list[Any]]:
+    """What a mirror commit records of the transactions whose events it applied: ``[[id, highest
+    data_collection_order], ...]`` in the order their first events came (partition, offset), from the
+    decoded events' ``(txn id, data_collection_order, partition, offset)``. With the transaction topic's END
+    counts this says whether a version holds all of a transaction's events of this table
+    (:mod:`pipeline.transactions`). Events without transaction metadata are left out."""
+    first: dict[str, tuple[int, int]] = {}
+    top: dict[str, int] = {}
+    for txn, dco, partition, offset in events:
+        if txn is None or dco is None:
+            continue
+        if txn not in first or (partition, offset) < first[txn]:
+            first[txn] = (partition, offset)
+        top[txn] = max(top.get(txn, 0), int(dco))
+    return [[t, top[t]] for t in sorted(first, key=first.__getitem__)]
+
+
 def _apply_on_driver(batch: Any, batch_id: int, src: KafkaSource, app_id: str,
                      meta: dict[str, Any]) -> dict[str, int] | None:
     """Apply a small micro-batch without Spark's MERGE: one job hands its Kafka records to the driver, which
@@ -263,14 +303,19 @@ def _apply_on_driver(batch: Any, batch_id: int, src: KafkaSource, app_id: str,
     fields = [arrow_schema.field(c) for c in names] + [pa.field("__op", pa.string())] + [
         pa.field(flag, pa.bool_()) for flag in kept.values()]
     rows = pa.Table.from_pydict(data, schema=pa.schema(fields))
-    delta_rs.upsert_keyed(path, rows, keys, names, kept, {**meta, "trickle_mirror": {
-        **meta["trickle_mirror"], "truncate": False}}, version, app_id, batch_id)
+    mirror = {**meta["trickle_mirror"], "truncate": False}
+    if marks := transaction_marks(zip(cols["__txn_id"], cols["__txn_dco"], cols["__partition"], cols["__offset"],
+                                      strict=True)):
+        mirror["transactions"] = marks
+    delta_rs.upsert_keyed(path, rows, keys, names, kept, {**meta, "trickle_mirror": mirror}, version, app_id,
+                          batch_id)
     return {"events": n, "dead_letters": 0}
 
 
 def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dict[str, int]:
     """Apply one micro-batch of Kafka records to the mirror (and its dead letters); idempotent per id.
     Small batches are decoded and committed on the driver (:func:`_apply_on_driver`), the rest by Spark."""
+    from pyspark.sql import functions as F  # noqa: N812 - the usual name
     from pyspark.sql.pandas.types import to_arrow_schema
 
     meta: dict[str, Any] = {"trickle_mirror": {"source": src.name, "batch_id": batch_id}}
@@ -290,7 +335,7 @@ def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dic
         stats = decoded.selectExpr(
             "count_if(__op = '!') AS bad", "count_if(__op <> '!') AS n",
             "max(CASE WHEN __op = 't' THEN named_struct('p1', __pos1, 'p2', __pos2, 'p3', __pos3, "
-            "'o', __offset) END) AS t",
+            "'o', __offset) END) AS t", "count_if(__txn_id IS NOT NULL AND __op <> '!') AS txns",
         ).first()
         n_bad = int(stats["bad"])
         if n_bad:
@@ -320,6 +365,12 @@ def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dic
         cols = [quote(c) for c in names]
         on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in src.schema.key)
         meta["trickle_mirror"]["truncate"] = truncated
+        if stats["txns"]:
+            first = (decoded.where("__txn_id IS NOT NULL AND __op <> '!'").groupBy("__txn_id")
+                     .agg(F.max("__txn_dco").alias("dco"), F.min(F.struct("__partition", "__offset")).alias("at"))
+                     .collect())
+            meta["trickle_mirror"]["transactions"] = transaction_marks(
+                (r["__txn_id"], r["dco"], r["at"]["__partition"], r["at"]["__offset"]) for r in first)
         session.conf.set(USER_METADATA, json.dumps(meta))
         session.conf.set(TXN_APP_ID, app_id)
         session.conf.set(TXN_VERSION, str(batch_id))

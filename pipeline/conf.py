@@ -96,6 +96,7 @@ KAFKA_SOURCE_KEYS = frozenset(
         "starting_offsets",
         "kafka_options",
         "trigger_seconds",
+        "transaction_topic",
     }
 )
 DELTA_SOURCE_KEYS = frozenset({"name", "kind", "path"})
@@ -213,6 +214,10 @@ class KafkaSourceSpec:
     :class:`connectors.debezium.SourceSchema` takes); ``key`` is the primary key the mirror is maintained
     by; ``dead_letter`` is the table that receives events that cannot be decoded (None: the runtime's
     default); ``kafka_options`` are extra Spark Kafka reader options, values as strings.
+    ``transaction_topic``: the connector's transaction topic (``<topic.prefix>.transaction``, with
+    ``provide.transaction.metadata=true``): stream tables then read this mirror and its siblings at versions
+    holding whole source transactions (:mod:`pipeline.transactions`); ``collection`` is this topic's table as
+    the transaction records name it (``<schema>.<table>``, from the topic name).
     """
 
     kind: ClassVar[str] = "kafka"
@@ -226,6 +231,8 @@ class KafkaSourceSpec:
     starting_offsets: str = DEFAULT_STARTING_OFFSETS
     kafka_options: dict[str, str] = field(default_factory=dict)
     trigger_seconds: float = DEFAULT_TRIGGER_SECONDS
+    transaction_topic: str | None = None
+    collection: str = ""
 
 
 @dataclass(frozen=True)
@@ -550,6 +557,7 @@ def _kafka_source(path: Path, where: str, name: str, item: dict[str, Any]) -> Ka
     trigger = _positive_number(
         path, where, "trigger_seconds", item.get("trigger_seconds"), DEFAULT_TRIGGER_SECONDS
     )
+    tx_topic, collection = _transaction_topic(path, where, topic.strip(), item.get("transaction_topic"))
     return KafkaSourceSpec(
         name=name,
         topic=topic.strip(),
@@ -560,7 +568,24 @@ def _kafka_source(path: Path, where: str, name: str, item: dict[str, Any]) -> Ka
         starting_offsets=offsets.strip().lower(),
         kafka_options=options,
         trigger_seconds=trigger,
+        transaction_topic=tx_topic,
+        collection=collection,
     )
+
+
+def _transaction_topic(path: Path, where: str, topic: str, value: Any) -> tuple[str | None, str]:
+    """``(transaction topic, collection)``: Debezium names a table's topic ``<prefix>.<schema>.<table>`` and
+    the transaction topic ``<prefix>.transaction``, and its END records name the table ``<schema>.<table>``."""
+    if value is None:
+        return None, ""
+    if not isinstance(value, str) or not value.strip().endswith(".transaction"):
+        raise ConfigError(f"{path}: {where}: 'transaction_topic' must be the connector's transaction topic, "
+                          f"'<topic.prefix>.transaction', got {value!r}")
+    prefix = value.strip().removesuffix(".transaction")
+    if not topic.startswith(prefix + ".") or len(topic) == len(prefix) + 1:
+        raise ConfigError(f"{path}: {where}: topic {topic!r} is not a topic of the connector whose transaction "
+                          f"topic is {value.strip()!r} (expected '{prefix}.<schema>.<table>')")
+    return value.strip(), topic[len(prefix) + 1:]
 
 
 def _bootstrap_servers(path: Path, where: str, value: Any) -> str:

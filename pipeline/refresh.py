@@ -44,7 +44,7 @@ from connectors import delta_rs, delta_sink
 from connectors.delta_log import DeltaLog, Window
 from dvm.context import Context, SourceRef, quote
 from dvm.plan import plain_rows_sql
-from pipeline import fixpoints, local_engine, plain_rows, strategy
+from pipeline import fixpoints, local_engine, plain_rows, strategy, transaction_logs
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 from pipeline.session_conf import ConfReads
@@ -259,7 +259,8 @@ class Refresher:
         soft = d.soft_frontier
         if soft is not None and soft.get("table_version") == version and soft.get("refresh_id") == meta.get(
                 "refresh_id"):
-            meta = {**meta, **{k: soft[k] for k in ("frontier", "base_frontier", "source_ids") if k in soft}}
+            meta = {**meta, **{k: soft[k] for k in ("frontier", "base_frontier", "source_ids", "transactions")
+                               if k in soft}}
         return _Committed(version, {k: int(v) for k, v in meta.get("frontier", {}).items()}, meta)
 
     def latest_frontier(self, d: StreamTableDef, pin: dict[str, int] | None = None,
@@ -331,6 +332,8 @@ class Refresher:
         recovered = False
         if meta is not None and meta.get("refresh_id") != d.last_refresh_id:
             recovered = self._recover(d, meta, pre)
+        # mirrors of a connector with transaction metadata: read at versions holding whole transactions
+        txns = transaction_logs.pin_whole_transactions(self.spark, d, pre, (meta or {}).get("transactions"), pin)
         post, replaced = self.latest_frontier(d, pin, pre)
         windows = self.windows(d, pre, post)
         ids = {k: w.meta.id for k, w in windows.items() if w.meta is not None}
@@ -354,6 +357,8 @@ class Refresher:
         refresh_id = uuid.uuid4().hex[:16]
         record = {"refresh_id": refresh_id, "frontier": post, "action": action, "name": d.name,
                   "base_frontier": base, "source_ids": ids}
+        if txns is not None:
+            record["transactions"] = txns
         counts: dict[str, int] | None
         learn_t0 = t0  # where the time AUTO's cost model learns from starts
         dear: float | None = None  # AUTO's budget, when it cancelled the delta
@@ -407,6 +412,8 @@ class Refresher:
         if committed_nothing:
             soft = {"table_version": committed.version, "refresh_id": (meta or {}).get("refresh_id"),
                     "frontier": post, "base_frontier": base, "source_ids": ids}
+            if txns is not None:
+                soft["transactions"] = txns
         self._record_ok(d, started, result, soft, learn_s=time.perf_counter() - learn_t0)
         if dear is not None:
             self._learn_dear_delta(d, ratio, dear)

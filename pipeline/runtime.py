@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -140,6 +141,11 @@ def check_kafka_reachable(conf: TrickleConf, timeout_s: float = 3.0) -> None:
             raise SourceError(_unreachable_message(conf, specs, error))
 
 
+def transaction_table(topic: str) -> str:
+    """The Delta table of a transaction topic's ENDs: ``shop.transaction`` -> ``trickle_tx_shop_transaction``."""
+    return "trickle_tx_" + re.sub(r"\W", "_", topic).lower()
+
+
 class Runtime:
     """Start the pieces of a conf file's pipeline, then :meth:`run` the scheduler until ``stop`` is set."""
 
@@ -175,12 +181,15 @@ class Runtime:
 
         self.check_sources()
         self.probe_sources()
+        self._start_transaction_topics()
         for spec in self.conf.sources:
             if isinstance(spec, KafkaSourceSpec):
                 src = kafka_mirror.KafkaSource(
                     spec.name, spec.topic, spec.bootstrap_servers, SourceSchema(spec.columns, spec.key),
                     dead_letter=spec.dead_letter or "", starting_offsets=spec.starting_offsets,
-                    options=dict(spec.kafka_options))
+                    options=dict(spec.kafka_options),
+                    transactions=transaction_table(spec.transaction_topic) if spec.transaction_topic else "",
+                    collection=spec.collection)
                 ckpt = self.checkpoints / f"mirror_{spec.name}"
                 self._sources[spec.name] = (src, str(ckpt), spec.trigger_seconds)
                 self.ingestion[spec.name] = kafka_mirror.start(self.spark, src, str(ckpt), spec.trigger_seconds,
@@ -198,6 +207,27 @@ class Runtime:
         if self.ingestion and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch_loop, name="trickle-ingestion-watch", daemon=True)
             self._watcher.start()
+
+    def _start_transaction_topics(self) -> None:
+        """One ingestion query per transaction topic the Kafka sources name (:mod:`connectors.kafka_transactions`),
+        started before the mirrors, which name its table in their properties. Its batches mark the tables
+        its connector's mirrors feed: a new END can make a held-back transaction whole."""
+        from connectors import kafka_transactions
+        from pipeline.conf import KafkaSourceSpec
+
+        for spec in self.conf.sources:
+            if not isinstance(spec, KafkaSourceSpec) or not spec.transaction_topic:
+                continue
+            name = transaction_table(spec.transaction_topic)
+            if name in self._sources:
+                continue
+            tx = kafka_transactions.TransactionTopic(name, spec.transaction_topic, spec.bootstrap_servers,
+                                                     spec.starting_offsets, dict(spec.kafka_options))
+            ckpt = self.checkpoints / f"transactions_{name}"
+            self._sources[name] = (tx, str(ckpt), spec.trigger_seconds)
+            self.ingestion[name] = kafka_transactions.start(self.spark, tx, str(ckpt), spec.trigger_seconds,
+                                                            self._after_batch(name))
+            self.log.event("ingesting", source=name, topic=spec.transaction_topic, transactions=name)
 
     def _watch_loop(self) -> None:
         """Watch (and restart) the ingestion queries every second, in a thread of its own: the run loop
@@ -335,6 +365,8 @@ class Runtime:
             self.log.event("stopped", name=name)
         lanes = [d for d in defs.values() if d.name in self.lanes.names()]
         self._fed = {source: fused.fed_by(lanes, source) for source in self._sources}
+        for tx, members in self._transaction_members().items():  # a transaction topic's batch: its mirrors'
+            self._fed[tx] = list(dict.fromkeys(n for m in members for n in self._fed.get(m, ())))
 
     # --- the fused path (pipeline.fused) ---
 
@@ -361,6 +393,16 @@ class Runtime:
         self.log.error(f"IMMEDIATE refresh of {name} after {why} failed: {type(error).__name__}: "
                        f"{_first_line(error)}; retrying in {retry_in:.1f} s (attempt {failures})")
 
+    def _transaction_members(self) -> dict[str, list[str]]:
+        """Transaction table -> the Kafka sources whose connector writes it."""
+        from pipeline.conf import KafkaSourceSpec
+
+        out: dict[str, list[str]] = {}
+        for spec in self.conf.sources:
+            if isinstance(spec, KafkaSourceSpec) and spec.transaction_topic:
+                out.setdefault(transaction_table(spec.transaction_topic), []).append(spec.name)
+        return out
+
     def _check_queries(self, kinds: tuple[str, ...] = ("ingestion", "stream table")) -> None:
         """Restart a streaming query that died, with exponential back-off (the runtime's retry settings).
 
@@ -369,7 +411,7 @@ class Runtime:
         One known cause besides broker or storage outages: Spark 4.1.1's Kafka source throws a
         NullPointerException while reporting progress of the first batch after a crash (SPARK-55271,
         fixed upstream after 4.1.1), after that batch committed; the restarted query continues."""
-        from connectors import kafka_mirror
+        from connectors import kafka_mirror, kafka_transactions
 
         rt = self.conf.runtime
         now = time.time()
@@ -397,7 +439,9 @@ class Runtime:
                 try:
                     if kind == "ingestion":
                         src, ckpt, trigger = self._sources[name]
-                        queries[name] = kafka_mirror.start(self.spark, src, ckpt, trigger, self._after_batch(name))
+                        module = kafka_transactions if isinstance(src, kafka_transactions.TransactionTopic) \
+                            else kafka_mirror
+                        queries[name] = module.start(self.spark, src, ckpt, trigger, self._after_batch(name))
                     else:
                         queries[name] = self.st.start(name, follow=set(self._follows.get(name, ())))
                     self._restarts[(kind, name)] = (n + 1, 0.0)

@@ -840,3 +840,13 @@ stream_tables:
     query: SELECT x FROM src
 """)
     assert [s.name for s in creation_order(load_conf(p).stream_tables)] == ["base", "mid", "top"]
+
+
+def test_transaction_topic_names_the_table_as_debezium_does(tmp_path: Path) -> None:
+    (src,) = load(tmp_path, one_source(transaction_topic="shop.transaction")).sources
+    assert isinstance(src, KafkaSourceSpec)
+    assert (src.transaction_topic, src.collection) == ("shop.transaction", "public.orders")
+    conf_error(tmp_path, one_source(transaction_topic="shop.tx"), "'transaction_topic' must be",
+               "'<topic.prefix>.transaction'")
+    conf_error(tmp_path, one_source(transaction_topic="other.transaction"), "'shop.public.orders' is not a topic",
+               "'other.<schema>.<table>'")

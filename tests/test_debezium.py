@@ -809,3 +809,40 @@ def test_throughput_sanity() -> None:
         assert ev.row == (i, f"c{i}", i % 100, i * 1.5, i % 2 == 0, datetime(2024, 1, 31, 10, 15, 30, 123456 + i))
         assert ev.position == (24023184 + 64 * i, 1706696130500 + i, 1706696130812 + i)
     assert [e.position for e in events] == sorted(e.position for e in events)  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------------------ transaction metadata
+def test_transaction_block_gives_id_and_place_among_the_tables_events() -> None:
+    from connectors.debezium import decode_transaction_end
+
+    payload = envelope("c", None, AFTER_1)
+    assert decode(b'{"id": 1}', enc(payload), ORDERS).txn is None  # type: ignore[union-attr]
+    payload["transaction"] = {"id": "571:53195832", "total_order": "3", "data_collection_order": "2"}
+    assert decode(b'{"id": 1}', enc(payload), ORDERS).txn == ("571", 2)  # type: ignore[union-attr]
+    for op, before, after in (("d", AFTER_1, None), ("t", None, None)):
+        p = {**envelope(op, before, after), "transaction": {"id": "9", "data_collection_order": 1}}
+        assert decode(b'{"id": 1}', enc(p), ORDERS).txn == ("9", 1)  # type: ignore[union-attr]
+    payload["transaction"] = {"id": "x", "data_collection_order": "first"}
+    with pytest.raises(DecodeError, match="data_collection_order"):
+        decode(b'{"id": 1}', enc(payload), ORDERS)
+    end = {"status": "END", "id": "571:53195832", "event_count": 3, "ts_ms": 5,
+           "data_collections": [{"data_collection": "public.orders", "event_count": 1},
+                                {"data_collection": "public.lines", "event_count": 2}]}
+    got = decode_transaction_end(json.dumps({"schema": {}, "payload": end}).encode())
+    assert got is not None and (got.id, got.event_count, got.collections) == (
+        "571", 3, {"public.orders": 1, "public.lines": 2})  # PostgreSQL's <xid>:<LSN>: the LSN differs per record
+    from connectors.debezium import transaction_id
+
+    assert transaction_id("3E11FA47-71CA-11E1-9E33-C80AA9429562:23") == "3E11FA47-71CA-11E1-9E33-C80AA9429562:23"
+    assert transaction_id("00000025:00000d08:0025") == "00000025:00000d08:0025"
+    assert decode_transaction_end(json.dumps({"status": "BEGIN", "id": "1"}).encode()) is None
+    assert decode_transaction_end(None) is None
+    with pytest.raises(DecodeError, match="status"):
+        decode_transaction_end(b'{"status": "MIDDLE", "id": "1"}')
+
+
+def test_a_mirror_commit_records_each_transactions_highest_place_in_arrival_order() -> None:
+    from connectors.kafka_mirror import transaction_marks
+
+    events = [("T2", 1, 0, 10), (None, None, 0, 11), ("T1", 2, 0, 5), ("T2", 3, 0, 12), ("T1", 1, 0, 4)]
+    assert transaction_marks(events) == [["T1", 2], ["T2", 3]]

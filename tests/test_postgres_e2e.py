@@ -183,3 +183,143 @@ def _lit(v: Any) -> str:
     if isinstance(v, (int, Decimal)):
         return str(v)
     return "'" + str(v).replace("'", "''") + "'"
+
+
+def test_a_transaction_over_two_tables_is_never_half_applied(spark: Any, services: Any, unique_name: Any,
+                                                            tmp_path: Path) -> None:
+    """Issue [F] point 3. With Debezium's transaction metadata (``provide.transaction.metadata``) and the
+    sources' ``transaction_topic``, an order and its lines written in one PostgreSQL transaction reach two
+    topics and two mirrors at different moments (the two ingestion queries run on different triggers), but
+    every version the IMMEDIATE stream tables commit holds each transaction whole: no order whose line count
+    differs from its lines, no line without its order. At the end both equal PostgreSQL's answer."""
+    from pipeline import StreamTables
+    from pipeline.cli import _Logger
+    from pipeline.conf import load_conf
+    from pipeline.runtime import Runtime
+
+    pg, broker = services
+    rng = random.Random(23)
+    orders, lines = unique_name("tx_orders"), unique_name("tx_lines")
+    pg.execute(f"CREATE TABLE {orders} (id int PRIMARY KEY, n_lines int)")
+    pg.execute(f"CREATE TABLE {lines} (id int PRIMARY KEY, order_id int, qty int)")
+    state: dict[int, list[int]] = {}  # order -> its line ids
+    next_line = 1
+
+    def transactions(n: int) -> str:
+        """``n`` transactions, each keeping every order's n_lines equal to its lines: a new order with its
+        lines (lines first or order first), a line added to an order, an order deleted with its lines."""
+        nonlocal next_line
+        out = []
+        for _ in range(n):
+            p = rng.random()
+            if p < 0.5 or not state:
+                oid = max(state, default=0) + 1
+                ids = list(range(next_line, next_line + rng.randrange(1, 4)))
+                next_line += len(ids)
+                state[oid] = ids
+                stmts = [f"INSERT INTO {lines} VALUES " + ", ".join(f"({i}, {oid}, {rng.randrange(1, 9)})" for i in ids),
+                         f"INSERT INTO {orders} VALUES ({oid}, {len(ids)})"]
+                if rng.random() < 0.5:
+                    stmts.reverse()
+            elif p < 0.8:
+                oid = rng.choice(sorted(state))
+                state[oid].append(next_line)
+                stmts = [f"UPDATE {orders} SET n_lines = n_lines + 1 WHERE id = {oid}",
+                         f"INSERT INTO {lines} VALUES ({next_line}, {oid}, {rng.randrange(1, 9)})"]
+                next_line += 1
+            else:
+                oid = rng.choice(sorted(state))
+                del state[oid]
+                stmts = [f"DELETE FROM {lines} WHERE order_id = {oid}", f"DELETE FROM {orders} WHERE id = {oid}"]
+            out.append("BEGIN;\n" + ";\n".join(stmts) + ";\nCOMMIT;")
+        return "\n".join(out)
+
+    pg.execute(transactions(5))
+    prefix = unique_name("txshop")
+    connector = debezium_postgres_connector(pg, prefix, [orders, lines],
+                                            overrides={"provide.transaction.metadata": "true"})
+    connect = KafkaConnect(tmp_path / "connect", broker.bootstrap, connector)
+    connect.start()
+    runtime: Runtime | None = None
+    stop = threading.Event()
+    loop: threading.Thread | None = None
+    try:
+        connect.wait_for_snapshot()
+        whole, orphans = unique_name("tx_whole"), unique_name("tx_orphans")
+        q_whole = (f"SELECT o.id, o.n_lines, COUNT(l.id) AS got FROM {orders} o "
+                   f"LEFT JOIN {lines} l ON l.order_id = o.id GROUP BY o.id, o.n_lines")
+        q_orphans = (f"SELECT l.order_id, COUNT(*) AS n FROM {lines} l LEFT JOIN {orders} o ON o.id = l.order_id "
+                     "WHERE o.id IS NULL GROUP BY l.order_id")
+        conf_file = tmp_path / "pipeline.yaml"
+        conf_file.write_text(f"""
+sources:
+  - name: {orders}
+    kind: kafka
+    topic: {debezium_topic(prefix, orders)}
+    transaction_topic: {prefix}.transaction
+    bootstrap_servers: "{broker.bootstrap}"
+    columns: {{id: INT, n_lines: INT}}
+    key: id
+    trigger_seconds: 0.4
+  - name: {lines}
+    kind: kafka
+    topic: {debezium_topic(prefix, lines)}
+    transaction_topic: {prefix}.transaction
+    bootstrap_servers: "{broker.bootstrap}"
+    columns: {{id: INT, order_id: INT, qty: INT}}
+    key: id
+    trigger_seconds: 1.3
+checkpoints: ckpt
+stream_tables:
+  - name: {whole}
+    refresh_mode: IMMEDIATE
+    query: {q_whole}
+  - name: {orphans}
+    refresh_mode: IMMEDIATE
+    query: {q_orphans}
+runtime:
+  tick_seconds: 0.5
+""")
+        st = StreamTables(spark, root=str(tmp_path / "trickle"))
+        runtime = Runtime(st, load_conf(conf_file), _Logger(json_lines=False), tmp_path)
+        runtime.start_sources()
+        runtime.create_stream_tables(stop)
+        loop = threading.Thread(target=runtime.run, args=(stop,), daemon=True)
+        loop.start()
+
+        def converged(where: str, timeout_s: float = 150) -> None:
+            deadline = time.time() + timeout_s
+            want = _typed(pg.query(q_whole.replace("COUNT(l.id)", "COUNT(l.id)::int")), "iii")
+            while True:
+                got = [tuple(r) for r in st.read(whole).collect()]
+                missing, extra = compare_rows(want, got)
+                if not missing and not extra and not st.read(orphans).collect():
+                    return
+                assert time.time() < deadline, f"{where}: not equal to PostgreSQL after {timeout_s} s\n" + \
+                    format_diff(whole, ["id", "n_lines", "got"], missing, extra, len(want), len(got))
+                time.sleep(1)
+
+        converged("after the snapshot")
+        for rnd in range(1, 5):
+            for _ in range(4):
+                pg.execute(transactions(6))
+                time.sleep(rng.uniform(0.1, 0.9))
+            converged(f"round {rnd}")
+        checked = 0
+        for name, bad in ((whole, "got <> n_lines"), (orphans, "true")):
+            path = st.catalog.get(name).path
+            versions = [int(r["version"]) for r in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()]
+            for v in sorted(versions):
+                rows = (spark.read.format("delta").option("versionAsOf", v).load(path).where(bad).collect())
+                assert not rows, f"{name}@{v} shows a transaction half-applied: {rows[:5]}"
+                checked += 1
+        assert checked > 10, f"only {checked} versions to check: the test saw too few refreshes to show anything"
+        hist = st.history(whole, limit=200)
+        assert any(h.get("action") == "DIFFERENTIAL" for h in hist), [h.get("action") for h in hist]
+    finally:
+        stop.set()
+        if loop is not None:
+            loop.join(60)
+        if runtime is not None:
+            runtime.stop()
+        connect.stop()
