@@ -275,6 +275,20 @@ def _run_rate(spark: Any, st: Any, broker: Any, wh: str, rate: int, seconds: flo
     }
 
 
+def paced(tick: Any, rate: int, seconds: float) -> int:
+    """Call ``tick(n)`` 20 times a second with ``rate / 20`` events each, for ``seconds``, catching up when a
+    send falls behind; returns the events sent."""
+    batch = max(1, rate // 20)
+    t0 = due = time.time()
+    sent = 0
+    while time.time() < t0 + seconds:
+        tick(batch)
+        sent += batch
+        due += batch / rate
+        time.sleep(max(0.0, due - time.time()))
+    return sent
+
+
 def produce(job: dict[str, Any]) -> dict[str, Any]:
     """The timed phase's events, at ``rate`` per second for ``seconds``, continuing the driver's feed (its
     next order id, LSN and open orders); returns when each order was sent."""
@@ -283,14 +297,8 @@ def produce(job: dict[str, Any]) -> dict[str, Any]:
     producer = KafkaProducer(bootstrap_servers=job["servers"], acks=1, linger_ms=20)
     feed = Feed(producer, job["orders"], job["customers"], seed=job["seed"])
     feed.next_id, feed.lsn, feed.open = job["next_id"], job["lsn"], list(job["open"])
-    rate, batch = job["rate"], max(1, job["rate"] // 20)  # 20 sends per second
-    t0 = tick = time.time()
-    sent = 0
-    while time.time() < t0 + job["seconds"]:
-        feed.tick(batch)
-        sent += batch
-        tick += batch / rate
-        time.sleep(max(0.0, tick - time.time()))
+    t0 = time.time()
+    sent = paced(feed.tick, job["rate"], job["seconds"])
     producer.flush()
     produce_s = time.time() - t0
     producer.close()

@@ -105,6 +105,7 @@ from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.kafka_freshness import paced  # noqa: E402
 from benchmarks.streaming import percentile  # noqa: E402
 from pipeline.conf import RuntimeSpec  # noqa: E402
 
@@ -613,14 +614,8 @@ def produce(job: dict[str, Any]) -> dict[str, Any]:
     producer = KafkaProducer(bootstrap_servers=job["servers"], acks=1, linger_ms=20)
     gen = Nexmark(producer, seed=job["seed"])
     gen.load(job["state"])
-    rate, batch = job["rate"], max(1, job["rate"] // 20)  # 20 sends per second
-    t0 = tick = time.time()
-    sent = 0
-    while time.time() < t0 + job["seconds"]:
-        gen.tick(batch)
-        sent += batch
-        tick += batch / rate
-        time.sleep(max(0.0, tick - time.time()))
+    t0 = time.time()
+    sent = paced(gen.tick, job["rate"], job["seconds"])
     producer.flush()
     produce_s = time.time() - t0
     producer.close()

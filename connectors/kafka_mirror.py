@@ -399,17 +399,26 @@ def start(spark: Any, src: KafkaSource, checkpoint: str, trigger_seconds: float 
     not raise, or the batch fails and is replayed."""
     create_tables(spark, src)
     app_id = _app_id(checkpoint)
-    reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", src.bootstrap_servers)
-              .option("subscribe", src.topic).option("startingOffsets", src.starting_offsets))
-    for k, v in {**client_timeouts(src.options), **src.options}.items():
+    return stream(spark, src.topic, src.bootstrap_servers, src.starting_offsets, src.options,
+                  lambda batch, batch_id: apply_batch(batch, batch_id, src, app_id), f"trickle_mirror_{src.name}",
+                  checkpoint, trigger_seconds, after_batch)
+
+
+def stream(spark: Any, topic: str, bootstrap_servers: str, starting_offsets: str, options: Mapping[str, str],
+           apply: Callable[[Any, int], Any], query_name: str, checkpoint: str, trigger_seconds: float,
+           after_batch: Callable[[], None] | None = None) -> Any:
+    """A ``foreachBatch`` query over one Kafka topic: ``apply(batch, batch_id)``, then ``after_batch()``."""
+    reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
+              .option("subscribe", topic).option("startingOffsets", starting_offsets))
+    for k, v in {**client_timeouts(options), **options}.items():
         reader = reader.option(k, v)
 
     def run(batch: Any, batch_id: int) -> None:
-        apply_batch(batch, batch_id, src, app_id)
+        apply(batch, batch_id)
         if after_batch is not None:
             after_batch()
 
-    return (reader.load().writeStream.foreachBatch(run).queryName(f"trickle_mirror_{src.name}")
+    return (reader.load().writeStream.foreachBatch(run).queryName(query_name)
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime=f"{trigger_seconds} seconds").start())
 

@@ -124,20 +124,10 @@ def ends_in(commit_info: Mapping[str, Any]) -> list[tuple[str, dict[str, int]]]:
 def start(spark: Any, tx: TransactionTopic, checkpoint: str, trigger_seconds: float = 1.0,
           after_batch: Callable[[], None] | None = None) -> Any:
     """Start the ingestion query of one transaction topic; returns the StreamingQuery."""
-    from connectors.kafka_mirror import _app_id, client_timeouts
+    from connectors.kafka_mirror import _app_id, stream
 
     create_tables(spark, tx)
     app_id = _app_id(checkpoint)
-    reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", tx.bootstrap_servers)
-              .option("subscribe", tx.topic).option("startingOffsets", tx.starting_offsets))
-    for k, v in {**client_timeouts(tx.options), **tx.options}.items():
-        reader = reader.option(k, v)
-
-    def run(batch: Any, batch_id: int) -> None:
-        apply_batch(batch, batch_id, tx, app_id)
-        if after_batch is not None:
-            after_batch()
-
-    return (reader.load().writeStream.foreachBatch(run).queryName(f"trickle_transactions_{tx.name}")
-            .option("checkpointLocation", checkpoint)
-            .trigger(processingTime=f"{trigger_seconds} seconds").start())
+    return stream(spark, tx.topic, tx.bootstrap_servers, tx.starting_offsets, tx.options,
+                  lambda batch, batch_id: apply_batch(batch, batch_id, tx, app_id), f"trickle_transactions_{tx.name}",
+                  checkpoint, trigger_seconds, after_batch)

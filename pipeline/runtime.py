@@ -163,6 +163,7 @@ class Runtime:
         self._halt = threading.Event()  # ends the watcher thread
         self._watcher: threading.Thread | None = None
         self._follows: dict[str, frozenset[str]] = {}  # IMMEDIATE table -> the sources its query follows
+        self._waiting_topics: set[str] = set()  # transaction tables whose topic is not on the cluster yet
         #: Kafka source -> the IMMEDIATE tables a batch of it marks for their lanes (pipeline.fused.fed_by),
         #: recomputed each tick from the catalog so that a batch reads no catalog
         self._fed: dict[str, list[str]] = {}
@@ -204,7 +205,7 @@ class Runtime:
             elif not self.spark.catalog.tableExists(spec.name):
                 raise ConfigError(f"{self.conf.path}: Delta source {spec.name!r} does not exist (create it, or "
                                   "give its 'path')")
-        if self.ingestion and self._watcher is None:
+        if (self.ingestion or self._waiting_topics) and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch_loop, name="trickle-ingestion-watch", daemon=True)
             self._watcher.start()
 
@@ -223,11 +224,27 @@ class Runtime:
                 continue
             tx = kafka_transactions.TransactionTopic(name, spec.transaction_topic, spec.bootstrap_servers,
                                                      spec.starting_offsets, dict(spec.kafka_options))
-            ckpt = self.checkpoints / f"transactions_{name}"
-            self._sources[name] = (tx, str(ckpt), spec.trigger_seconds)
-            self.ingestion[name] = kafka_transactions.start(self.spark, tx, str(ckpt), spec.trigger_seconds,
-                                                            self._after_batch(name))
-            self.log.event("ingesting", source=name, topic=spec.transaction_topic, transactions=name)
+            self._sources[name] = (tx, str(self.checkpoints / f"transactions_{name}"), spec.trigger_seconds)
+            kafka_transactions.create_tables(self.spark, tx)  # the mirrors name it in their properties
+            self._waiting_topics.add(name)
+        self._start_waiting_topics()
+
+    def _start_waiting_topics(self) -> None:
+        """Start the transaction topics' queries whose topic exists. Debezium creates the topic with the
+        first transaction it streams, and Spark's Kafka source, started before that, fails while the topic
+        is being created ("This server does not host this topic-partition") and backs off for longer each
+        time, which held the ENDs, and so every table over the connector's mirrors, back for tens of
+        seconds. So a missing topic is asked for again every second (the watcher thread) instead."""
+        from connectors import kafka_mirror, kafka_transactions
+
+        for name in sorted(self._waiting_topics):
+            tx, ckpt, trigger = self._sources[name]
+            found = kafka_mirror.probe(self.spark, tx.bootstrap_servers, tx.options, [tx.topic], PROBE_TIMEOUT_S)
+            if found.error is not None or tx.topic in found.missing:
+                continue
+            self._waiting_topics.discard(name)
+            self.ingestion[name] = kafka_transactions.start(self.spark, tx, ckpt, trigger, self._after_batch(name))
+            self.log.event("ingesting", source=name, topic=tx.topic, transactions=name)
 
     def _watch_loop(self) -> None:
         """Watch (and restart) the ingestion queries every second, in a thread of its own: the run loop
@@ -235,6 +252,8 @@ class Runtime:
         that goes away meanwhile must still be reported."""
         while not self._halt.wait(1.0):
             try:
+                if self._waiting_topics:
+                    self._start_waiting_topics()
                 self._check_queries(("ingestion",))
             except Exception as e:  # noqa: BLE001 - keep watching; say what went wrong
                 self.log.error(f"watching the ingestion queries: {type(e).__name__}: {_first_line(e)}")
