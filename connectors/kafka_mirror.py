@@ -46,6 +46,10 @@ TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 #: Columns of every dead-letter table.
+#: a mirror's table properties naming its transaction table's location and its table as the transaction
+#: records name it (see :mod:`connectors.kafka_transactions`, :mod:`pipeline.transaction_logs`)
+TABLE_PROPERTY = "trickle.transactions.table"
+COLLECTION_PROPERTY = "trickle.transactions.collection"
 DEAD_LETTER_DDL = ("source STRING, topic STRING, partition INT, offset BIGINT, key BINARY, value BINARY, "
                    "error STRING, batch_id BIGINT, recorded_at TIMESTAMP")
 
@@ -111,8 +115,6 @@ def create_tables(spark: Any, src: KafkaSource) -> None:
 def _mark_transactional(spark: Any, src: KafkaSource) -> None:
     """Name the mirror's transaction table and collection in its table properties, which refreshes read
     (:mod:`pipeline.transaction_logs`); unset them when the source no longer has a transaction topic."""
-    from connectors.kafka_transactions import COLLECTION_PROPERTY, TABLE_PROPERTY
-
     props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {src.name}").collect()}
     if src.transactions:
         want = {TABLE_PROPERTY: _location(spark, src.transactions), COLLECTION_PROPERTY: src.collection}

@@ -25,12 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.debezium import DecodeError, decode_transaction_end
+from connectors.kafka_mirror import DEAD_LETTER_DDL, _app_id, _location, stream
 
 #: the commit-metadata key of a transaction mirror's batch
 META_KEY = "trickle_transactions"
-#: a mirror's table properties naming its transaction mirror's location and its table as the ENDs name it
-TABLE_PROPERTY = "trickle.transactions.table"
-COLLECTION_PROPERTY = "trickle.transactions.collection"
 DDL = ("id STRING, event_count BIGINT, data_collections MAP<STRING, BIGINT>, ts_ms BIGINT, kafka_partition INT, "
        "kafka_offset BIGINT")
 
@@ -51,8 +49,6 @@ class TransactionTopic:
 
 
 def create_tables(spark: Any, tx: TransactionTopic) -> None:
-    from connectors.kafka_mirror import DEAD_LETTER_DDL
-
     spark.sql(f"CREATE TABLE IF NOT EXISTS {tx.name} ({DDL}) USING delta")
     spark.sql(f"CREATE TABLE IF NOT EXISTS {tx.dead_letter_table} ({DEAD_LETTER_DDL}) USING delta")
 
@@ -80,7 +76,6 @@ def apply_batch(batch: Any, batch_id: int, tx: TransactionTopic, app_id: str) ->
 
     from connectors import delta_rs
     from connectors.delta_log import DeltaLog
-    from connectors.kafka_mirror import _location
 
     spark = batch.sparkSession
     raw = batch.select("key", "value", "topic", "partition", "offset").toArrow()
@@ -124,8 +119,6 @@ def ends_in(commit_info: Mapping[str, Any]) -> list[tuple[str, dict[str, int]]]:
 def start(spark: Any, tx: TransactionTopic, checkpoint: str, trigger_seconds: float = 1.0,
           after_batch: Callable[[], None] | None = None) -> Any:
     """Start the ingestion query of one transaction topic; returns the StreamingQuery."""
-    from connectors.kafka_mirror import _app_id, stream
-
     create_tables(spark, tx)
     app_id = _app_id(checkpoint)
     return stream(spark, tx.topic, tx.bootstrap_servers, tx.starting_offsets, tx.options,

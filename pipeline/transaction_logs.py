@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from connectors.delta_log import DeltaLog
-from connectors.kafka_transactions import COLLECTION_PROPERTY, TABLE_PROPERTY, ends_in
+from connectors.kafka_mirror import COLLECTION_PROPERTY, TABLE_PROPERTY
+from connectors.kafka_transactions import ends_in
 from pipeline.catalog import StreamTableDef
 from pipeline.transactions import MirrorWindow, TxnState, cut, relevant
 
