@@ -21,11 +21,12 @@ Why it is safe:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -96,8 +97,123 @@ def opened(path: str, version: int) -> Any:
 
 def dataset(path: str, version: int) -> Any:
     """The table's rows at ``version`` as a lazily scanned ``pyarrow.dataset`` (shared like :func:`opened`:
-    building it casts every file's partition values and statistics, a few milliseconds per refresh)."""
-    return _cached("dataset", path, version, lambda _: opened(path, version).to_pyarrow_dataset())
+    building it casts every file's partition values and statistics, a few milliseconds per refresh), which a
+    filter on a string column scans correctly also over files delta-rs' MERGE wrote (see
+    :func:`_plain_strings_dataset`)."""
+    def make(local: str) -> Any:
+        ds = opened(path, version).to_pyarrow_dataset()
+        return _plain_strings_dataset()(list(ds.get_fragments()), ds.schema, ds.format, ds.filesystem,
+                                        root=os.path.abspath(local))
+
+    return _cached("dataset", path, version, make)
+
+
+def _holds(kind: Any, test: Callable[[Any], bool]) -> bool:
+    """Whether ``test`` holds for the Arrow type ``kind`` or any type nested in it."""
+    pending = [kind]
+    while pending:
+        k = pending.pop()
+        if test(k):
+            return True
+        pending.extend(k.field(i).type for i in range(k.num_fields))
+    return False
+
+
+def _is_view(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return (pa.types.is_string_view(kind) or pa.types.is_binary_view(kind) or pa.types.is_list_view(kind)
+            or pa.types.is_large_list_view(kind))
+
+
+def _is_bytes(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind) or _is_view(kind))
+
+
+#: whether a table's Parquet file declares Arrow view types, by (table folder, file path); a file never changes
+_VIEWS: OrderedDict[tuple[str, str], bool] = OrderedDict()
+_VIEWS_MAX = 1 << 16
+_VIEWS_LOCK = threading.Lock()
+
+
+@functools.cache
+def _plain_strings_dataset() -> type:
+    """The ``FileSystemDataset`` class :func:`dataset` returns (made on first use: pyarrow is imported only
+    when needed).
+
+    Why: delta-rs' MERGE (:func:`merge`, :func:`upsert_keyed`: stream tables and Kafka mirrors) writes strings
+    and binaries into Parquet as Arrow's ``string_view`` / ``binary_view``, nested ones too (DataFusion reads
+    the target so, and delta-rs 1.x writes what it read; its MERGE takes no session setting to stop it), and
+    pyarrow (26) tests a filter against a row group's statistics in the file's own types: a string filter,
+    typed by the dataset's plain ``string``, meets a ``string_view`` minimum and fails ("Function 'equal' has
+    no kernel matching input types (string, string_view)"; only where the column holds no NULL in the row
+    group, else its statistics read "in range or NULL", which pyarrow does not simplify by). DuckDB pushes its
+    filters into the scan (calling the dataset's own ``scanner``), so every delta filtering such a table by a
+    string went to Spark. Files written so stay in a table until rewritten, so the read adapts: a filter on a
+    column holding strings or binaries skips files by their Delta statistics as before; files with view
+    types are read unfiltered (pyarrow casts their batches to the dataset's plain types, which DuckDB reads as
+    it reads any other) and filtered after, the others are scanned as before (their row groups skipped by
+    statistics). A file delta-rs' MERGE wrote holds the rows it rewrote in one row group, so little skipping
+    is lost. Filters on other columns, which pyarrow tests only against their own columns' statistics, are
+    scanned as before."""
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    class PlainStrings(pads.FileSystemDataset):
+        def __init__(self, fragments: list[Any], schema: Any, format: Any, filesystem: Any, root: str) -> None:
+            super().__init__(fragments, schema, format, filesystem)
+            self.root = root
+
+        def scanner(self, columns: Any = None, filter: Any = None, **options: Any) -> Any:  # noqa: A002
+            named = self._named(filter, self.schema) if filter is not None else []
+            if not any(_holds(f.type, _is_bytes) for f in named):
+                return super().scanner(columns=columns, filter=filter, **options)
+            kept = self.get_fragments(filter=filter)  # files skipped by their Delta statistics
+            views: list[Any] = []
+            plain: list[Any] = []
+            for fragment in kept:
+                (views if self._views(fragment) else plain).append(fragment)
+            part = lambda fragments: pads.FileSystemDataset(  # noqa: E731
+                fragments, self.schema, self.format, self.filesystem)
+            first = part(plain).scanner(columns=columns, filter=filter, **options)
+            if not views:
+                return first
+            wanted = None if columns is None else [*columns, *(f.name for f in named if f.name not in columns)]
+            unfiltered = part(views).scanner(columns=wanted, **options).to_reader()
+            after = pads.Scanner.from_batches(unfiltered, columns=columns, filter=filter)
+
+            def batches() -> Any:
+                if plain:
+                    yield from first.to_batches()
+                yield from after.to_batches()
+
+            return pads.Scanner.from_batches(pa.RecordBatchReader.from_batches(first.projected_schema, batches()))
+
+        @staticmethod
+        def _named(expression: Any, schema: Any) -> list[Any]:
+            """The columns of ``schema`` whose names appear in the text of the pyarrow ``expression`` (which
+            offers no list of the fields it reads): every column it reads (its text names them verbatim), and
+            any other whose name happens to appear in it (read for nothing)."""
+            text = str(expression)
+            return [f for f in schema if f.name in text]
+
+        def _views(self, fragment: Any) -> bool:
+            """Whether the fragment's file declares view types (its footer read once per file and process)."""
+            key = (self.root, fragment.path)
+            with _VIEWS_LOCK:
+                known = _VIEWS.get(key)
+            if known is None:
+                known = any(_holds(f.type, _is_view) for f in fragment.physical_schema)
+                with _VIEWS_LOCK:
+                    _VIEWS[key] = known
+                    while len(_VIEWS) > _VIEWS_MAX:
+                        _VIEWS.popitem(last=False)
+            return known
+
+    return PlainStrings
 
 
 def _stamp(local: str, version: int) -> tuple[int, int, int] | None:

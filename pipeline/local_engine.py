@@ -8,9 +8,10 @@ Q6 1.3 s against 0.07 s, with the same rows and the same row ids. The commit is 
 (:mod:`connectors.delta_rs`), so such a refresh now never starts a Spark job.
 
 How: the rendered delta (Spark SQL, see :mod:`dvm.plan`) is parsed with sqlglot, its reads are pointed at
-Arrow that delta-rs opens at the pinned versions (snapshots as lazily scanned datasets, change windows,
-the stored table at the version the refresh read), the key filters are bound from DuckDB's own reads, and
-the tree is transpiled to DuckDB's dialect.
+Arrow that delta-rs opens at the pinned versions (snapshots as lazily scanned datasets, into which DuckDB
+pushes its filters, also on strings of files delta-rs' MERGE wrote as Arrow views: see
+:func:`connectors.delta_rs.dataset`; change windows; the stored table at the version the refresh read), the
+key filters are bound from DuckDB's own reads, and the tree is transpiled to DuckDB's dialect.
 
 Why it is safe: only constructs both engines evaluate alike are let through (:data:`_ALLOWED`, reviewed one
 by one); anything else raises :class:`Unsupported` and the refresh runs on Spark as before. Where the two
@@ -25,6 +26,8 @@ function over ``typeof``, which DuckDB folds while planning, so it costs nothing
   zero divisor raises, as Spark's ANSI mode does.
 * CASTs: DuckDB rounds a decimal or double cast to an integer where Spark truncates, parses and prints
   strings its own way, and so on; only the pairs in :data:`_CASTS` pass.
+* ``DIV`` (Spark's integral division) of integers only, as BIGINTs truncated toward zero; ``%`` of integers
+  only. A zero divisor raises in both (Spark's ANSI mode; see below for what a DuckDB error does).
 * ``LIKE`` only with a literal pattern without a backslash (Spark's default escape character).
 * ``EXTRACT`` / ``year`` / ``month`` / ``day`` / ``quarter`` of a DATE only, cast to Spark's INT (DuckDB gives a
   BIGINT, which hashes otherwise); ``SUBSTRING`` of a string only, from a literal position of at least 1 for
@@ -305,6 +308,10 @@ def _guard(kind: str, a: str, b: str | None) -> bool:
         if a not in _INTEGRAL or (b or "") not in _INTEGRAL:
             raise ValueError(f"trickle-unsupported: {a} % {b} (only integers)")
         return True
+    if kind == "intdiv":  # a DECIMAL's (Spark's exact quotient) or a DOUBLE's DIV is left to Spark
+        if a not in _INTEGRAL or (b or "") not in _INTEGRAL:
+            raise ValueError(f"trickle-unsupported: {a} DIV {b} (only integers)")
+        return True
     if kind in ("date", "string"):  # a date part of a DATE, a substring of a VARCHAR; nothing Spark would cast first
         if a != {"date": "DATE", "string": "VARCHAR"}[kind]:
             raise ValueError(f"trickle-unsupported: {kind} function over a {a}")
@@ -336,7 +343,7 @@ def _allowed() -> tuple[type, ...]:
             exp.Star, exp.Column, exp.Paren, exp.Limit, exp.Order, exp.Ordered, exp.Distinct, exp.Literal,
             exp.Null, exp.Boolean, exp.DataType, exp.DataTypeParam, exp.Version, exp.Var, exp.Hint, exp.JoinHint,
             exp.And, exp.Or, exp.Not, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Is, exp.In,
-            exp.Between, exp.NullSafeEQ, exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.Div, exp.Case, exp.If,
+            exp.Between, exp.NullSafeEQ, exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.Div, exp.IntDiv, exp.Case, exp.If,
             exp.Coalesce, exp.Nullif, exp.Cast, exp.TryCast, exp.Sum, exp.Count, exp.Min, exp.Max, exp.Exists,
             exp.Window, exp.RowNumber, exp.Rank, exp.DenseRank, exp.Lateral, exp.Explode, exp.Array,
             exp.GenerateSeries, exp.Concat, exp.Like, exp.Interval, exp.Anonymous, exp.Tuple, exp.Greatest,
@@ -381,7 +388,7 @@ class _Translator:
         self.exp = exp
         self.allowed = _allowed()
         #: the node types :meth:`_rewrite` may change
-        self.rewritten = (exp.Table, exp.Anonymous, exp.Div, exp.Mod, exp.TsOrDsAdd, exp.Extract, exp.Year,
+        self.rewritten = (exp.Table, exp.Anonymous, exp.Div, exp.IntDiv, exp.Mod, exp.TsOrDsAdd, exp.Extract, exp.Year,
                           exp.Month, exp.Day, exp.Quarter, exp.TsOrDsToDate, exp.Substring, exp.Cast, exp.TryCast,
                           exp.Avg, exp.Concat, exp.GenerateSeries, exp.Hint, exp.JoinHint, exp.Upper, exp.Lower,
                           exp.Length, exp.Window, exp.Join)
@@ -571,6 +578,18 @@ class _Translator:
                 this="error", expressions=[exp.Literal.string("division by zero")]))],
                 default=exp.Mod(this=node.this.copy(), expression=node.expression.copy()))
             return self._guarded("mod", node.this, node.expression, value)
+        if isinstance(node, exp.IntDiv):
+            # Spark's DIV (IntegralDivide) of integers: both operands cast to BIGINT (INT_MIN DIV -1 is 2^31),
+            # the quotient truncated toward zero (DuckDB's // of integers too), a BIGINT. A zero divisor
+            # raises, as Spark's ANSI mode does (DuckDB 1.x's // gives NULL), and so does BIGINT's overflow
+            # (-2^63 DIV -1) in both; DuckDB's error leaves the delta to Spark, which also returns NULL or
+            # wraps where ANSI mode is off.
+            a, b = exp.cast(node.this.copy(), "BIGINT"), exp.cast(node.expression.copy(), "BIGINT")
+            zero = exp.EQ(this=b.copy(), expression=exp.Literal.number(0))
+            value = exp.Case(ifs=[exp.If(this=zero, true=exp.Anonymous(
+                this="error", expressions=[exp.Literal.string("division by zero")]))],
+                default=exp.IntDiv(this=a, expression=b))
+            return self._guarded("intdiv", node.this, node.expression, value)
         if isinstance(node, exp.TsOrDsAdd):  # date_add(d, n): a DATE in Spark, where DuckDB's d + n days is a TIMESTAMP
             unit = node.args.get("unit")
             if unit is not None and unit.name.upper() != "DAY":
