@@ -169,7 +169,7 @@ class Runtime:
         self._fed: dict[str, list[str]] = {}
         rt = conf.runtime
         self.lanes = RefreshLanes(
-            st.refresh_stream_table, self._fused_done, self._fused_failed,
+            lambda name: self.st.refresh_stream_table(name), self._fused_done, self._fused_failed,
             lambda n: min(rt.retry_backoff_max_seconds, rt.retry_backoff_seconds * 2 ** (n - 1)))
 
     # --- start-up ---

@@ -283,6 +283,13 @@ runtime:
         st = StreamTables(spark, root=str(tmp_path / "trickle"))
         runtime = Runtime(st, load_conf(conf_file), _Logger(json_lines=False), tmp_path)
         runtime.start_sources()
+        # the initial snapshot carries no transaction metadata (README): create the tables once both mirrors
+        # hold it, so that their first version is whole too
+        deadline = time.time() + 120
+        while any(spark.table(t).count() != int(pg.query(f"SELECT count(*) FROM {t}")[0][0] or 0)
+                  for t in (orders, lines)):
+            assert time.time() < deadline, "the snapshot did not reach the mirrors"
+            time.sleep(0.5)
         runtime.create_stream_tables(stop)
         loop = threading.Thread(target=runtime.run, args=(stop,), daemon=True)
         loop.start()
