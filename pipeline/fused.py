@@ -46,8 +46,9 @@ def pushed_sources(defs: Iterable[StreamTableDef], mirrors: Iterable[str]) -> se
 
 
 def fed_by(defs: Iterable[StreamTableDef], mirror: str) -> list[str]:
-    """The IMMEDIATE stream tables a micro-batch of ``mirror`` refreshes, upstream before downstream: those
-    that read it, directly or through IMMEDIATE stream tables it feeds."""
+    """The IMMEDIATE stream tables a micro-batch of ``mirror`` marks for their lanes: those that read it,
+    directly or through IMMEDIATE stream tables it feeds. Listed upstream first, so that an upstream lane is
+    woken first; the order is not needed for correctness (a refresh brings its stale upstream tables along)."""
     by_name = {d.name.lower(): d for d in defs}
     fed: set[str] = set()
     grew, reached = True, {mirror.lower()}
