@@ -215,6 +215,26 @@ class StreamTables:
             raise CatalogError(f"stream table {key} already exists; drop it first or use alter_stream_table")
         if self.spark.catalog.tableExists(key):
             raise CatalogError(f"a table named {key} already exists and is not a stream table")
+        draft, latest = self._definition(key, query, schedule, mode)
+        path = draft.path
+        self.catalog.put(draft)
+        try:
+            if initialize:
+                self.refresher.refresh(key)
+            else:
+                self._create_empty(draft, latest)
+            self._register(key, path)
+        except Exception:
+            self.catalog.delete(key)
+            self.catalog.drop_history(key)
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+
+    def _definition(self, key: str, query: str, schedule: str | None,
+                    mode: str) -> tuple[StreamTableDef, dict[str, int]]:
+        """The definition of stream table ``key`` by ``query``, checked as create checks it (SQL, sources,
+        output columns, differentiability for ``mode``), and its sources' latest versions; writes nothing.
+        Shared by create and by an ALTER of the query (:mod:`pipeline.alter`)."""
         sources: dict[str, SourceInfo] = {}
         schemas: dict[str, list[tuple[str, str]]] = {}
         try:
@@ -261,18 +281,7 @@ class StreamTables:
         except RecursionError:  # check_nesting's limit should prevent it: never a raw error, never stored
             raise QueryError(f"stream table {key}: the query nests too deeply to be compiled: "
                              f"{dvm.parser.FLATTEN}") from None
-        self.catalog.put(draft)
-        try:
-            if initialize:
-                self.refresher.refresh(key)
-            else:
-                self._create_empty(draft, latest)
-            self._register(key, path)
-        except Exception:
-            self.catalog.delete(key)
-            self.catalog.drop_history(key)
-            shutil.rmtree(path, ignore_errors=True)
-            raise
+        return draft, latest
 
     def _create_empty(self, d: StreamTableDef, latest: dict[str, int]) -> None:
         ctx = self.refresher.context(d, None, latest)
@@ -282,13 +291,17 @@ class StreamTables:
             (df.write.format("delta").mode("overwrite").option("delta.enableChangeDataFeed", "true").save(d.path))
 
     def alter_stream_table(self, name: str, schedule: str | None = None, refresh_mode: str | None = None,
-                           status: str | None = None) -> None:
+                           status: str | None = None, query: str | None = None) -> None:
+        """Change a stream table's schedule, refresh mode, status or defining query. A new ``query`` is
+        checked as create checks it (and for cycles) before anything changes; then the table is
+        re-initialized (REINITIALIZE, reason "query changed") and its dependents are re-validated (see
+        :mod:`pipeline.alter`)."""
         d = self.catalog.get(validate_name(name))
         if schedule is not None:
             d.schedule = validate_schedule(schedule)
         if refresh_mode is not None:
             mode = validate_mode(refresh_mode)
-            if mode in ("DIFFERENTIAL", "IMMEDIATE") and d.full_reason is not None:
+            if mode in ("DIFFERENTIAL", "IMMEDIATE") and d.full_reason is not None and query is None:
                 raise UnsupportedError("query", f"stream table {d.name} cannot use refresh_mode={mode}: "
                                        f"{d.full_reason}")
             d.refresh_mode = mode
@@ -299,6 +312,11 @@ class StreamTables:
             d.status = s
             if s == "ACTIVE":
                 d.consecutive_errors = 0
+        if query is not None:
+            from pipeline.alter import change_query
+
+            change_query(self, d, query)
+            return
         self.catalog.put(d)
 
     def drop_stream_table(self, name: str) -> None:

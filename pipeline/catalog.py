@@ -81,6 +81,9 @@ class StreamTableDef:
     #: (``dvm.context.FLOAT_IDENTITIES``): fixed when the table is declared, since its stored hashes must
     #: match every later delta's; files without the key come from before ``bits37`` and keep ``digits12``
     float_identity: str = "digits12"
+    #: why the next refresh must REINITIALIZE (the defining query was altered, see :mod:`pipeline.alter`);
+    #: None once a refresh of the current definition replaced the contents
+    reinitialize: str | None = None
 
     @property
     def maintained_query(self) -> str:

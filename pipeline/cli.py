@@ -139,8 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="register only; the first refresh populates the table",
     )
 
-    p = add("alter", "change a stream table's schedule, refresh mode or status")
+    p = add("alter", "change a stream table's schedule, refresh mode, status or defining query")
     p.add_argument("name")
+    q = p.add_mutually_exclusive_group()
+    q.add_argument("--query", metavar="SQL", help="a new defining query: checked first, then the table is "
+                   "re-initialized (REINITIALIZE) and its dependents re-checked")
+    q.add_argument("--query-file", metavar="FILE", help="read the new defining query from FILE ('-' = stdin)")
     p.add_argument("--schedule")
     p.add_argument("--mode", type=str.upper, choices=MODES)
     p.add_argument("--status", type=str.upper, choices=STATUSES)
@@ -206,9 +210,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     }
     handler = handlers[args.command]
     # Validate everything that needs no Spark before paying for its start-up.
-    if args.command == "alter" and args.schedule is None and args.mode is None and args.status is None:
-        raise TrickleError("alter: give at least one of --schedule, --mode, --status")
-    if args.command == "create":
+    if args.command == "alter" and args.schedule is None and args.mode is None and args.status is None \
+            and args.query is None and args.query_file is None:
+        raise TrickleError("alter: give at least one of --query (or --query-file), --schedule, --mode, --status")
+    if args.command == "create" or (args.command == "alter" and (args.query, args.query_file) != (None, None)):
         args.query_text = _read_query(args)
     if args.command == "run" and conf is not None:
         from pipeline.runtime import check_kafka_reachable
@@ -221,7 +226,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         conf,
         app_name=f"trickle-{args.command}",
         log_level=args.log_level,
-        register_sources=args.command in ("create", "explain", "run"),
+        register_sources=args.command in ("create", "explain", "run", "alter"),
         strict=args.strict,
     )
     try:
@@ -357,7 +362,8 @@ def _cmd_create(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | 
 
 
 def _cmd_alter(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
-    st.alter_stream_table(args.name, schedule=args.schedule, refresh_mode=args.mode, status=args.status)
+    st.alter_stream_table(args.name, schedule=args.schedule, refresh_mode=args.mode, status=args.status,
+                          query=getattr(args, "query_text", None))
     row = _status_of(st, args.name)
     if args.json:
         _print_json(row if row is not None else {"name": args.name})

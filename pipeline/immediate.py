@@ -9,6 +9,9 @@ resumes exactly. This is near-immediate (one micro-batch after the source commit
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from connectors.delta_log import DeltaLog
@@ -47,6 +50,8 @@ def start_immediate(st: StreamTables, name: str, trigger_seconds: float = 0.5,
         streams.append(reader.load(src.path).selectExpr(f"'{key}' AS source", "_commit_version"))
     if not streams:
         return None
+    fresh_checkpoint(st.catalog.checkpoint_path(name),
+                     {k: s.path for k, s in d.sources.items() if follow is None or k in follow})
     union = streams[0]
     for s in streams[1:]:
         union = union.unionByName(s)
@@ -58,3 +63,23 @@ def start_immediate(st: StreamTables, name: str, trigger_seconds: float = 0.5,
     return (union.writeStream.foreachBatch(apply).queryName(f"trickle_{name}")
             .option("checkpointLocation", st.catalog.checkpoint_path(name))
             .trigger(processingTime=f"{trigger_seconds} seconds").start())
+
+
+def fresh_checkpoint(checkpoint: str, followed: dict[str, str]) -> None:
+    """Start the checkpoint afresh when the sources the query follows changed since it was written (an ALTER
+    of the query, or a source now refreshed by mirror batches): Spark cannot restart a query from a
+    checkpoint of other sources. Nothing is lost: the checkpoint only decides *when* to refresh, and the
+    new query starts at the table's own frontier. The followed sources are noted beside the checkpoint (a
+    checkpoint without that note, from before, is kept)."""
+    marker = Path(f"{checkpoint}.follows.json")
+    text = json.dumps(followed, sort_keys=True)
+    try:
+        before: str | None = marker.read_text(encoding="utf-8")
+    except OSError:
+        before = None
+    if before == text:
+        return
+    if before is not None:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(text, encoding="utf-8")

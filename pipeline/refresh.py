@@ -342,7 +342,7 @@ class Refresher:
             if known.get(key) not in (None, new_id) and key not in replaced:
                 replaced[key] = f"source {key} was dropped and re-created (Delta table id {known[key]} -> {new_id})"
         base = self.base_frontier(d, post)
-        if pre is not None and pre == post and not replaced:
+        if pre is not None and pre == post and not replaced and d.reinitialize is None:
             result = RefreshResult(d.name, "NO_DATA", "no source changed since the last refresh",
                                    duration_ms=(time.perf_counter() - t0) * 1000, frontier=post,
                                    refresh_id=d.last_refresh_id, recovered=recovered)
@@ -441,6 +441,8 @@ class Refresher:
                 ratio: float | None = None) -> tuple[str, str]:
         if pre is None:
             return "FULL", "initial population"
+        if d.reinitialize is not None:  # its definition changed (pipeline.alter)
+            return "REINITIALIZE", d.reinitialize
         if set(pre) != set(post):
             return "REINITIALIZE", "the set of sources changed"
         if replaced:
@@ -818,6 +820,8 @@ class Refresher:
         fresh.last_action = r.action
         fresh.consecutive_errors = 0
         fresh.last_error = None
+        if d.reinitialize is not None and fresh.maintained_query == d.maintained_query:
+            fresh.reinitialize = None  # this refresh replaced the contents by the current definition's
         if fresh.status == "ERROR":
             fresh.status = "ACTIVE"
         self.catalog.put(fresh)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline import fused
+from pipeline import conf_reload, fused
 from pipeline.errors import ConfigError, SourceError
 from pipeline.fused_lanes import RefreshLanes
 
@@ -163,6 +163,8 @@ class Runtime:
         self._halt = threading.Event()  # ends the watcher thread
         self._watcher: threading.Thread | None = None
         self._follows: dict[str, frozenset[str]] = {}  # IMMEDIATE table -> the sources its query follows
+        self._defined: dict[str, str] = {}  # IMMEDIATE table -> the query its streaming query was started for
+        self._conf_file = conf_reload.ConfFile(conf.path)  # an edit is applied on the next tick
         self._waiting_topics: set[str] = set()  # transaction tables whose topic is not on the cluster yet
         #: Kafka source -> the IMMEDIATE tables a batch of it marks for their lanes (pipeline.fused.fed_by),
         #: recomputed each tick from the catalog so that a batch reads no catalog
@@ -335,6 +337,7 @@ class Runtime:
             self.log.event("running", conf=str(self.conf.path), sources=len(self.conf.sources),
                            stream_tables=len(self.st.status()))
             while not stop.is_set():
+                self.conf = conf_reload.reload(self.st, self.conf, self._conf_file, self.log)
                 status = self.st.status()
                 self._sync_immediate(status)
                 sched.sync(status)
@@ -360,11 +363,13 @@ class Runtime:
             if d is None:
                 continue
             follow = frozenset(fused.followed(d, pushed))
-            if name in self.immediate and self._follows.get(name) == follow:
-                continue
+            if (name in self.immediate and self._follows.get(name) == follow
+                    and self._defined.get(name, d.maintained_query) == d.maintained_query):
+                continue  # else: its followed sources or its query changed (an ALTER): restart it
             if name in self.immediate:
                 self.st.stop(name)
             self._follows[name] = follow
+            self._defined[name] = d.maintained_query
             if len(follow) < len(d.sources):  # mirror batches mark it for its lane, which refreshes it once now
                 self.lanes.open(name)
             else:
@@ -381,6 +386,7 @@ class Runtime:
             self.lanes.close(name)
             del self.immediate[name]
             self._follows.pop(name, None)
+            self._defined.pop(name, None)
             self.log.event("stopped", name=name)
         lanes = [d for d in defs.values() if d.name in self.lanes.names()]
         self._fed = {source: fused.fed_by(lanes, source) for source in self._sources}
