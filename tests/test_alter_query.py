@@ -128,9 +128,13 @@ def test_dependent_that_no_longer_compiles_goes_to_error_naming_the_column(
     assert_matches(spark, st, down, q_down, "the repaired dependent after changes")
 
 
-def test_cli_alter_query(spark: Any, tmp_path: Path, unique_name: Any) -> None:
-    """`trickle alter NAME --query-file F`: a bad query exits non-zero with the error and changes nothing; a
-    good one re-initializes the table (another process: the catalog is the contract)."""
+def test_cli_alter_query(spark: Any, tmp_path: Path, unique_name: Any, monkeypatch: Any,
+                         capsys: Any) -> None:
+    """`trickle alter NAME --query SQL`: a bad query exits non-zero with the error and changes nothing (run
+    in this process over the test's session: one JVM start less); `--query-file F` in a real `trickle`
+    process re-initializes the table (another process: the catalog is the contract)."""
+    from pipeline import cli
+
     warehouse = tmp_path / "wh"
     src = unique_name("src")
     spark.sql(f"CREATE TABLE {src} (id INT, k STRING, v INT) USING delta LOCATION '{warehouse / src}' "
@@ -140,16 +144,23 @@ def test_cli_alter_query(spark: Any, tmp_path: Path, unique_name: Any) -> None:
     name = unique_name("totals")
     q_old = f"SELECT k, SUM(v) AS s FROM {src} GROUP BY k"
     st.create_stream_table(name, q_old)
-    trickle = [str(Path(sys.executable).parent / "trickle"), "--warehouse", str(warehouse), "alter", name]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
-    bad = subprocess.run([*trickle, "--query", f"SELECT k, SUM(missing_col) AS s FROM {src} GROUP BY k"],
-                         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert bad.returncode != 0 and "missing_col" in bad.stderr, bad.stdout + bad.stderr
+
+    monkeypatch.setattr(cli, "_open", lambda *a, **k: (spark, st))
+    monkeypatch.setattr(cli, "_quiet_stop", lambda s: None)
+    code = cli.main(["--warehouse", str(warehouse), "alter", name, "--query",
+                     f"SELECT k, SUM(missing_col) AS s FROM {src} GROUP BY k"])
+    err = capsys.readouterr().err
+    assert code != 0 and "error:" in err and "missing_col" in err and "old query stays in place" in err, err
     assert st.catalog.get(name).query == q_old
+    assert cli.main(["alter", name]) != 0 and "give at least one of --query" in capsys.readouterr().err
+    monkeypatch.undo()
+
     q_new = f"SELECT k, SUM(v) AS s, MIN(id) AS first_id FROM {src} WHERE v > 2 GROUP BY k"
     (tmp_path / "new.sql").write_text(q_new + "\n")
-    good = subprocess.run([*trickle, "--query-file", str(tmp_path / "new.sql")], cwd=PROJECT_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
+    good = subprocess.run([str(Path(sys.executable).parent / "trickle"), "--warehouse", str(warehouse), "alter",
+                           name, "--query-file", str(tmp_path / "new.sql")], cwd=PROJECT_ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
     assert good.returncode == 0, good.stdout + good.stderr
     assert f"altered stream table {name}" in good.stdout
     assert st.catalog.get(name).query == q_new
