@@ -81,6 +81,9 @@ class StreamTableDef:
     #: (``dvm.context.FLOAT_IDENTITIES``): fixed when the table is declared, since its stored hashes must
     #: match every later delta's; files without the key come from before ``bits37`` and keep ``digits12``
     float_identity: str = "digits12"
+    #: per base source, the schema this table was last refreshed against and the columns its query reads
+    #: (:func:`pipeline.source_schema.record`); None in files from before it, filled by the next refresh
+    source_schema: dict[str, Any] | None = None
 
     @property
     def maintained_query(self) -> str:
