@@ -172,6 +172,7 @@ def read_columns(plan: Node | None) -> dict[str, set[str]]:
     return out
 
 
+@functools.lru_cache(maxsize=1024)
 def selects_star(query: str, dialect: str = "spark") -> bool:
     """Whether the query selects ``*`` or ``t.*`` anywhere (not ``COUNT(*)``): such a query reads columns a
     source gains later."""
