@@ -28,6 +28,7 @@ ids restart at 0 and must not be mistaken for old ones).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import uuid
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from connectors import debezium_schema
 from connectors.debezium import DecodeError, SourceSchema, decode
 from dvm.context import quote
 
@@ -97,6 +99,9 @@ class KafkaSource:
     #: (:mod:`connectors.kafka_transactions`) and this topic's table as they name it (``public.orders``)
     transactions: str = ""
     collection: str = ""
+    #: the conf file left the column list out: the mirror's columns follow the events' Connect schemas
+    #: (:mod:`connectors.debezium_schema`, :func:`_follow_schema`)
+    evolve: bool = False
 
     @property
     def dead_letter_table(self) -> str:
@@ -106,8 +111,9 @@ class KafkaSource:
 def create_tables(spark: Any, src: KafkaSource) -> None:
     """The mirror (CDF on, as every stream table source needs) and its dead-letter table, if missing."""
     cols = ", ".join(f"{quote(c)} {t}" for c, t in src.schema.columns)
+    key = f", '{KEY_PROPERTY}' = '{','.join(src.schema.key)}'" if src.evolve else ""
     spark.sql(f"CREATE TABLE IF NOT EXISTS {src.name} ({cols}) USING delta "
-              "TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+              f"TBLPROPERTIES (delta.enableChangeDataFeed = true{key})")
     spark.sql(f"CREATE TABLE IF NOT EXISTS {src.dead_letter_table} ({DEAD_LETTER_DDL}) USING delta")
     _mark_transactional(spark, src)
 
@@ -135,12 +141,14 @@ def _decoded_schema(spark: Any, schema: SourceSchema) -> Any:
     return StructType.fromDDL(f"{cols}, {meta}")
 
 
-def _decode_records(d: dict[str, list[Any]], schema: SourceSchema, out_names: list[str]) -> dict[str, list[Any]]:
+def _decode_records(d: dict[str, list[Any]], schema: SourceSchema, out_names: list[str],
+                    conflicts: Conflicts | None = None) -> dict[str, list[Any]]:
     """Decode one Arrow batch of Kafka records (as columns) into the decoded rows' columns.
 
     A delete keeps only the key columns (the mirror MERGE matches on them); a primary-key change becomes a
-    delete of the old key followed by the new row; a record that fails to decode keeps its raw bytes and
-    the error for the dead-letter table."""
+    delete of the old key followed by the new row; a record that fails to decode, or whose Connect schema
+    carries a column type the mirror cannot take (``conflicts``), keeps its raw bytes and the error for the
+    dead-letter table."""
     names = [c for c, _ in schema.columns]
     key_idx = [names.index(k) for k in schema.key]
     out: dict[str, list[Any]] = {n: [] for n in out_names}
@@ -166,6 +174,8 @@ def _decode_records(d: dict[str, list[Any]], schema: SourceSchema, out_names: li
 
     for i in range(len(d["offset"])):
         try:
+            if conflicts and (why := _conflict_of(d["value"][i], conflicts)) is not None:
+                raise DecodeError(why)
             e = decode(d["key"][i], d["value"][i], schema)
             if e is None:  # tombstone: Kafka log compaction's marker, not a change
                 continue
@@ -183,7 +193,16 @@ def _decode_records(d: dict[str, list[Any]], schema: SourceSchema, out_names: li
     return out
 
 
-def _decode_batches(schema: SourceSchema, arrow_schema: Any) -> Any:
+def _conflict_of(value: Any, conflicts: Conflicts) -> str | None:
+    """Why this record's schema makes it a dead letter (a column type the mirror cannot take), else None."""
+    try:
+        doc = json.loads(value) if value else None
+    except ValueError:
+        return None  # the decoder says what is wrong with it
+    return debezium_schema.conflicting(doc.get("schema") if isinstance(doc, dict) else None, conflicts)
+
+
+def _decode_batches(schema: SourceSchema, arrow_schema: Any, conflicts: Conflicts | None = None) -> Any:
     """The ``mapInArrow`` function: Kafka records in, decoded rows (or errors) out."""
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
@@ -191,7 +210,8 @@ def _decode_batches(schema: SourceSchema, arrow_schema: Any) -> Any:
 
         names = [f.name for f in arrow_schema]
         for batch in batches:
-            yield pa.RecordBatch.from_pydict(_decode_records(batch.to_pydict(), schema, names), schema=arrow_schema)
+            yield pa.RecordBatch.from_pydict(_decode_records(batch.to_pydict(), schema, names, conflicts),
+                                             schema=arrow_schema)
 
     return run
 
@@ -259,7 +279,7 @@ def transaction_marks(events: Iterable[tuple[str | None, int | None, int, int]])
 
 
 def _apply_on_driver(batch: Any, batch_id: int, src: KafkaSource, app_id: str,
-                     meta: dict[str, Any]) -> dict[str, int] | None:
+                     meta: dict[str, Any], conflicts: Conflicts | None = None) -> dict[str, int] | None:
     """Apply a small micro-batch without Spark's MERGE: one job hands its Kafka records to the driver, which
     decodes and nets them and commits them to the mirror with delta-rs, in one idempotent commit. Why: Spark's
     MERGE costs a second or more of jobs even for ten events, which was half of the time from producer to
@@ -285,7 +305,7 @@ def _apply_on_driver(batch: Any, batch_id: int, src: KafkaSource, app_id: str,
     if raw.num_rows > limit:
         return None
     arrow_schema = to_arrow_schema(_decoded_schema(spark, src.schema))
-    cols = _decode_records(raw.to_pydict(), src.schema, [f.name for f in arrow_schema])
+    cols = _decode_records(raw.to_pydict(), src.schema, [f.name for f in arrow_schema], conflicts)
     if any(op in ("!", "t") for op in cols["__op"]):
         return None
     keys = list(src.schema.key)
@@ -321,13 +341,16 @@ def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dic
     from pyspark.sql.pandas.types import to_arrow_schema
 
     meta: dict[str, Any] = {"trickle_mirror": {"source": src.name, "batch_id": batch_id}}
-    done = _apply_on_driver(batch, batch_id, src, app_id, meta)
+    conflicts: Conflicts = {}
+    if src.evolve:
+        src, conflicts = _follow_schema(batch, src)
+    done = _apply_on_driver(batch, batch_id, src, app_id, meta, conflicts)
     if done is not None:
         return done
     spark = batch.sparkSession
     out_schema = _decoded_schema(spark, src.schema)
     decoded = (batch.select("key", "value", "topic", "partition", "offset")
-               .mapInArrow(_decode_batches(src.schema, to_arrow_schema(out_schema)), out_schema)
+               .mapInArrow(_decode_batches(src.schema, to_arrow_schema(out_schema), conflicts), out_schema)
                .localCheckpoint(eager=True))
     # The MERGE must see the temp view of the netted events, so it runs in the batch's own session (a
     # streaming query's session is its own clone); the idempotency and metadata settings are unset after.
@@ -392,6 +415,91 @@ def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dic
             decoded._jdf.queryExecution().analyzed().rdd().unpersist(False)
         except Exception:  # noqa: BLE001 - only frees blocks early
             pass
+
+
+#: a mirror's table property naming its primary key, when its columns come from the events (``evolve``)
+KEY_PROPERTY = "trickle.mirror.key"
+#: column (lower case) -> (Connect type signatures the mirror cannot take, why)
+Conflicts = dict[str, tuple[set[str], str]]
+#: source name -> what its events asked of the mirror that it could not do (dead-lettered or not mirrored),
+#: since the process started; the runtime shows it in the sources' status
+SCHEMA_PROBLEMS: dict[str, list[str]] = {}
+
+
+def schema_problem(name: str) -> str | None:
+    """The schema problems of a Kafka source's events so far in this process (None: none)."""
+    found = SCHEMA_PROBLEMS.get(name)
+    return "; ".join(found) if found else None
+
+
+def mirror_columns(spark: Any, name: str) -> list[tuple[str, str]]:
+    """The mirror's columns now, from its Delta log (no Spark job)."""
+    from connectors.delta_log import DeltaLog
+
+    log = DeltaLog(spark, _location(spark, name))
+    version = log.latest_version()
+    meta = log.metadata(version) if version is not None else None
+    if meta is None:
+        raise DecodeError(f"the mirror {name} has no Delta log at {_location(spark, name)}")
+    return meta.columns()
+
+
+def _follow_schema(batch: Any, src: KafkaSource) -> tuple[KafkaSource, Conflicts]:
+    """Bring the mirror's columns up to the batch's event schemas (one small job reads their distinct Connect
+    schemas): add the columns PostgreSQL added, widen the ones it widened (Delta type widening); return the
+    source with the mirror's columns, and the column types the mirror cannot take (those events become dead
+    letters). Idempotent: a replayed batch finds the columns already there."""
+    spark = batch.sparkSession
+    found = (batch.selectExpr("get_json_object(CAST(value AS STRING), '$.schema') AS s").where("s IS NOT NULL")
+             .distinct().collect())
+    schemas = [json.loads(r["s"]) for r in found]
+    columns = mirror_columns(spark, src.name)
+    ev = debezium_schema.evolve(columns, schemas, src.name)
+    if ev.widened:
+        spark.sql(f"ALTER TABLE {src.name} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
+        for name, _, new in ev.widened:
+            spark.sql(f"ALTER TABLE {src.name} ALTER COLUMN {quote(name)} TYPE {new}")
+    if ev.added:
+        spark.sql(f"ALTER TABLE {src.name} ADD COLUMNS ({', '.join(f'{quote(n)} {t}' for n, t in ev.added)})")
+    if ev.changes:
+        columns = mirror_columns(spark, src.name)
+    problems = SCHEMA_PROBLEMS.setdefault(src.name, [])
+    problems.extend(p for p in ev.problems() if p not in problems)
+    schema = SourceSchema(tuple(columns), src.schema.key, src.schema.decimal_handling)
+    return dataclasses.replace(src, schema=schema), ev.conflicts
+
+
+def discover_schema(spark: Any, name: str, topic: str, bootstrap_servers: str, options: Mapping[str, str],
+                    key: Iterable[str] = ()) -> SourceSchema:
+    """The columns and key of a Kafka source whose conf lists no columns: the existing mirror's (its key from
+    the conf or the mirror's ``trickle.mirror.key`` property), else those of the newest change event on the
+    topic that carries a Connect schema (the key from the Kafka key's schema unless the conf names it).
+    Raises :class:`DecodeError` when there is neither."""
+    key = tuple(key)
+    if spark.catalog.tableExists(name):
+        props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {name}").collect()}
+        key = key or tuple(k for k in props.get(KEY_PROPERTY, "").split(",") if k)
+        if key:
+            return SourceSchema(tuple(mirror_columns(spark, name)), key)
+    reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
+              .option("subscribe", topic).option("startingOffsets", "earliest").option("endingOffsets", "latest"))
+    for k, v in {**client_timeouts(options), **options}.items():
+        reader = reader.option(k, v)
+    row = (reader.load().selectExpr("CAST(key AS STRING) AS k", "CAST(value AS STRING) AS v", "offset")
+           .where("get_json_object(v, '$.schema') IS NOT NULL").orderBy("offset", ascending=False).first())
+    if row is None:
+        raise DecodeError(f"Kafka source {name} lists no columns, and topic {topic!r} holds no change event with a "
+                          "Connect schema to take them from: list the columns in the conf file, or enable "
+                          "value.converter.schemas.enable=true on the connector and start once it wrote an event")
+    value = json.loads(row["v"])
+    columns = debezium_schema.columns(value["schema"])
+    if not key and row["k"]:
+        key_doc = json.loads(row["k"])
+        key = tuple(debezium_schema.key_columns(key_doc.get("schema") if isinstance(key_doc, dict) else {}))
+    if not key:
+        raise DecodeError(f"Kafka source {name}: no primary key in the conf file, and the events' Kafka key carries "
+                          "no Connect schema naming it: give the source a 'key'")
+    return SourceSchema(tuple(columns), key)
 
 
 def start(spark: Any, src: KafkaSource, checkpoint: str, trigger_seconds: float = 1.0,

@@ -84,6 +84,9 @@ class StreamTableDef:
     #: why the next refresh must REINITIALIZE (the defining query was altered, see :mod:`pipeline.alter`);
     #: None once a refresh of the current definition replaced the contents
     reinitialize: str | None = None
+    #: per base source, the schema this table was last refreshed against and the columns its query reads
+    #: (:func:`pipeline.source_schema.record`); None in files from before it, filled by the next refresh
+    source_schema: dict[str, Any] | None = None
 
     @property
     def maintained_query(self) -> str:

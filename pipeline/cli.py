@@ -406,7 +406,7 @@ def _cmd_status(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | 
 
 
 #: Columns of the Kafka sources' table under ``trickle status`` (written by ``trickle run``).
-SOURCE_COLUMNS = ("name", "status", "since", "topic", "bootstrap_servers", "error")
+SOURCE_COLUMNS = ("name", "status", "since", "topic", "bootstrap_servers", "error", "schema_error")
 
 
 def _print_sources_status(conf: TrickleConf | None, warehouse: Path) -> None:

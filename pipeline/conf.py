@@ -211,8 +211,9 @@ class KafkaSourceSpec:
     """A Kafka topic of Debezium change events, mirrored into the Delta table ``name``.
 
     ``columns`` are ``(name, canonical Spark SQL type)`` pairs in table order (the shape
-    :class:`connectors.debezium.SourceSchema` takes); ``key`` is the primary key the mirror is maintained
-    by; ``dead_letter`` is the table that receives events that cannot be decoded (None: the runtime's
+    :class:`connectors.debezium.SourceSchema` takes); empty when the conf leaves them out: the columns (and,
+    without ``key``, the key) then come from the events' Connect schemas and follow the source's ADD COLUMN
+    (:mod:`connectors.debezium_schema`); ``key`` is the primary key the mirror is maintained by; ``dead_letter`` is the table that receives events that cannot be decoded (None: the runtime's
     default); ``kafka_options`` are extra Spark Kafka reader options, values as strings.
     ``transaction_topic``: the connector's transaction topic (``<topic.prefix>.transaction``, with
     ``provide.transaction.metadata=true``): stream tables then read this mirror and its siblings at versions
@@ -530,15 +531,21 @@ def _sources(path: Path, value: Any) -> list[KafkaSourceSpec | DeltaSourceSpec]:
 
 
 def _kafka_source(path: Path, where: str, name: str, item: dict[str, Any]) -> KafkaSourceSpec:
-    for required in ("topic", "bootstrap_servers", "columns", "key"):
+    for required in ("topic", "bootstrap_servers"):
         if item.get(required) is None:
             raise ConfigError(f"{path}: {where}: '{required}' is required for a kafka source")
+    if item.get("columns") is not None and item.get("key") is None:
+        raise ConfigError(f"{path}: {where}: 'key' is required for a kafka source that lists its columns")
     topic = item["topic"]
     if not isinstance(topic, str) or not topic.strip():
         raise ConfigError(f"{path}: {where}: 'topic' must be a non-empty string, got {topic!r}")
     servers = _bootstrap_servers(path, where, item["bootstrap_servers"])
-    columns = _columns(path, where, item["columns"])
-    key = _key(path, where, item["key"], columns)
+    if item.get("columns") is None:  # from the events' Connect schemas (connectors/debezium_schema.py)
+        columns: tuple[tuple[str, str], ...] = ()
+        key = () if item.get("key") is None else _key(path, where, item["key"], None)
+    else:
+        columns = _columns(path, where, item["columns"])
+        key = _key(path, where, item["key"], columns)
 
     dead_letter = item.get("dead_letter")
     if dead_letter is not None and (not isinstance(dead_letter, str) or not _IDENT_RE.match(dead_letter)):
@@ -665,17 +672,18 @@ def _columns(path: Path, where: str, value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _key(path: Path, where: str, value: Any, columns: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
-    """The primary key, spelled as in ``columns`` (matched case-insensitively, as Spark resolves names)."""
+def _key(path: Path, where: str, value: Any, columns: tuple[tuple[str, str], ...] | None) -> tuple[str, ...]:
+    """The primary key, spelled as in ``columns`` (matched case-insensitively, as Spark resolves names); with
+    ``columns`` None (they come from the events) as given."""
     keys = [value] if isinstance(value, str) else value
     if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k for k in keys):
         raise ConfigError(
             f"{path}: {where}: 'key' must be a column name or a non-empty list of column names, got {value!r}"
         )
-    by_lower = {n.lower(): n for n, _ in columns}
+    by_lower = {n.lower(): n for n, _ in columns} if columns is not None else None
     out: list[str] = []
     for k in keys:
-        col = by_lower.get(k.lower())
+        col = by_lower.get(k.lower()) if by_lower is not None else k
         if col is None:
             raise ConfigError(
                 f"{path}: {where}: key column {k!r} is not in 'columns' ({', '.join(n for n, _ in columns)})"

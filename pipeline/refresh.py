@@ -44,7 +44,7 @@ from connectors import delta_rs, delta_sink
 from connectors.delta_log import DeltaLog, Window
 from dvm.context import Context, SourceRef, quote
 from dvm.plan import plain_rows_sql
-from pipeline import fixpoints, local_engine, plain_rows, strategy, transaction_logs
+from pipeline import fixpoints, local_engine, plain_rows, source_schema, strategy, transaction_logs
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 from pipeline.session_conf import ConfReads
@@ -353,7 +353,10 @@ class Refresher:
             changed = [k for k in d.sources if post[k] != pre.get(k)]
             ratio = strategy.change_ratio(sum(windows[k].change_bytes for k in changed),
                                           [windows[k].sizes.get(post[k]) for k in d.sources])
-        action, reason = self._decide(d, pre, post, windows, replaced, ratio)
+        verdict = self._schema_verdict(d, windows) if pre is not None else None
+        action, reason = self._decide(d, pre, post, windows, replaced, ratio, verdict)
+        if verdict is not None and verdict.notes:
+            reason = f"{reason}; {'; '.join(verdict.notes)}"
         refresh_id = uuid.uuid4().hex[:16]
         record = {"refresh_id": refresh_id, "frontier": post, "action": action, "name": d.name,
                   "base_frontier": base, "source_ids": ids}
@@ -415,6 +418,7 @@ class Refresher:
             if txns is not None:
                 soft["transactions"] = txns
         self._record_ok(d, started, result, soft, learn_s=time.perf_counter() - learn_t0)
+        self._remember_schemas(d, windows)
         if dear is not None:
             self._learn_dear_delta(d, ratio, dear)
         return result
@@ -436,9 +440,40 @@ class Refresher:
         fresh.cost_model = model.learn("DIFFERENTIAL", ratio if ratio is not None else 0.0, cost).to_dict()
         self.catalog.put(fresh)
 
+    def _schema_verdict(self, d: StreamTableDef, windows: dict[str, Window]) -> source_schema.Verdict:
+        """What the base sources' schemas at the post frontier mean for the table, against the schemas it
+        was last refreshed against (see :mod:`pipeline.source_schema`); sources without a record are left
+        to the window's own schema-change check."""
+        verdict = source_schema.Verdict()
+        for key, seen in (d.source_schema or {}).items():
+            w = windows.get(key)
+            if w is None or w.meta is None or key not in d.sources or d.sources[key].kind == "stream_table":
+                continue
+            if source_schema.compare(d.name, key, seen, w.meta.schema_json, verdict) or w.schema_changed_at is None:
+                verdict.checked.add(key)  # else changed and changed back inside the window: REINITIALIZE below
+        return verdict
+
+    def _remember_schemas(self, d: StreamTableDef, windows: dict[str, Window]) -> None:
+        """Record the base sources' schemas this refresh ran against, and the columns the query reads
+        (written only when they changed: once per schema change)."""
+        try:
+            plan = self.plan(d, windows)
+        except Exception:  # noqa: BLE001 - unknown: every column counts as read
+            plan = None
+        read = source_schema.read_columns(plan.root) if plan is not None else {}
+        star = source_schema.selects_star(d.maintained_query, d.dialect)
+        seen = {key: source_schema.record(w.meta.schema_json, read.get(key), star)
+                for key, w in windows.items()
+                if w.meta is not None and key in d.sources and d.sources[key].kind != "stream_table"}
+        if seen == (d.source_schema or {}):
+            return
+        fresh = self.catalog.get(d.name)
+        fresh.source_schema = d.source_schema = seen
+        self.catalog.put(fresh)
+
     def _decide(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int],
                 windows: dict[str, Window], replaced: dict[str, str],
-                ratio: float | None = None) -> tuple[str, str]:
+                ratio: float | None = None, verdict: source_schema.Verdict | None = None) -> tuple[str, str]:
         if pre is None:
             return "FULL", "initial population"
         if d.reinitialize is not None:  # its definition changed (pipeline.alter)
@@ -447,8 +482,12 @@ class Refresher:
             return "REINITIALIZE", "the set of sources changed"
         if replaced:
             return "REINITIALIZE", "; ".join(replaced.values())
+        if verdict is not None and verdict.action == "ERROR":
+            raise SourceChangedError(f"stream table {d.name} no longer matches its sources: {verdict.reason}")
+        if verdict is not None and verdict.action == "REINITIALIZE":
+            return "REINITIALIZE", verdict.reason
         for key, w in windows.items():
-            if w.schema_changed_at is not None:
+            if w.schema_changed_at is not None and not (verdict is not None and key in verdict.checked):
                 return "REINITIALIZE", f"source {key} changed its schema at version {w.schema_changed_at}"
         if d.refresh_mode == "FULL":
             return "FULL", "refresh_mode is FULL"

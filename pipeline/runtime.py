@@ -73,10 +73,12 @@ class SourceHealth:
     progress_mark: tuple[str, str] | None = None  # (run id, last progress time) when it went DOWN
     warnings: int = 0
     next_warning: float = 0.0
+    #: what the source's events asked of the mirror that it could not do (connectors.kafka_mirror)
+    schema_error: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "since": self.since, "error": self.error,
-                "topic": self.topic, "bootstrap_servers": self.bootstrap_servers}
+                "topic": self.topic, "bootstrap_servers": self.bootstrap_servers, "schema_error": self.schema_error}
 
 
 def _stamp(t: float) -> str:
@@ -187,12 +189,14 @@ class Runtime:
         self._start_transaction_topics()
         for spec in self.conf.sources:
             if isinstance(spec, KafkaSourceSpec):
+                schema = SourceSchema(spec.columns, spec.key) if spec.columns else kafka_mirror.discover_schema(
+                    self.spark, spec.name, spec.topic, spec.bootstrap_servers, dict(spec.kafka_options), spec.key)
                 src = kafka_mirror.KafkaSource(
-                    spec.name, spec.topic, spec.bootstrap_servers, SourceSchema(spec.columns, spec.key),
+                    spec.name, spec.topic, spec.bootstrap_servers, schema,
                     dead_letter=spec.dead_letter or "", starting_offsets=spec.starting_offsets,
                     options=dict(spec.kafka_options),
                     transactions=transaction_table(spec.transaction_topic) if spec.transaction_topic else "",
-                    collection=spec.collection)
+                    collection=spec.collection, evolve=not spec.columns)
                 ckpt = self.checkpoints / f"mirror_{spec.name}"
                 self._sources[spec.name] = (src, str(ckpt), spec.trigger_seconds)
                 self.ingestion[spec.name] = kafka_mirror.start(self.spark, src, str(ckpt), spec.trigger_seconds,
@@ -402,6 +406,7 @@ class Runtime:
         raises."""
 
         def mark() -> None:
+            self._flag_schema(source)
             budget = self.conf.runtime.fused_wait_seconds
             late = self.lanes.wait(self.lanes.mark(self._fed.get(source, ()), f"a batch of {source}"), budget)
             if late:
@@ -409,6 +414,19 @@ class Runtime:
                                waited_seconds=budget)
 
         return mark
+
+    def _flag_schema(self, source: str) -> None:
+        """Show a Kafka source's schema problems (dead-lettered type changes) in the sources' status, and log
+        them once each."""
+        from connectors import kafka_mirror
+
+        h = self.health.get(source)
+        problem = kafka_mirror.schema_problem(source)
+        if h is None or problem == h.schema_error:
+            return
+        h.schema_error = problem
+        self._write_sources_status()
+        self.log.error(f"source {source}: {problem}")
 
     def _fused_done(self, name: str, result: Any, why: str) -> None:
         if result.action != "NO_DATA":

@@ -427,11 +427,20 @@ def test_unknown_key_in_a_column(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------ sources
 
 
-@pytest.mark.parametrize("key", ["topic", "bootstrap_servers", "columns", "key"])
+@pytest.mark.parametrize("key", ["topic", "bootstrap_servers", "key"])
 def test_kafka_required_keys(tmp_path: Path, key: str) -> None:
     conf_error(
         tmp_path, one_source(**{key: ...}), "sources[0] 'orders'", f"'{key}' is required for a kafka source"
     )
+
+
+def test_kafka_columns_may_be_left_out(tmp_path: Path) -> None:
+    """Without a column list the mirror's columns (and without a key, the key) come from the events' Connect
+    schemas at run time (connectors/debezium_schema.py)."""
+    src = load_conf(write_conf(tmp_path, one_source(columns=..., key=...))).sources[0]
+    assert isinstance(src, KafkaSourceSpec) and (src.columns, src.key) == ((), ())
+    src = load_conf(write_conf(tmp_path, one_source(columns=..., key=["id", "Region"]))).sources[0]
+    assert isinstance(src, KafkaSourceSpec) and (src.columns, src.key) == ((), ("id", "Region"))
 
 
 def test_kind_is_required(tmp_path: Path) -> None:
