@@ -138,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="register only; the first refresh populates the table",
     )
+    _progress_option(p)
 
     p = add("alter", "change a stream table's schedule, refresh mode, status or defining query")
     p.add_argument("name")
@@ -154,8 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("refresh", "refresh a stream table now (its stale upstream stream tables first)")
     p.add_argument("name")
+    _progress_option(p)
 
-    add("status", "list stream tables with their status, mode, schedule and frontier")
+    p = add("status", "list stream tables: status, staleness, refresh times and counts, errors, Kafka lag")
+    p.add_argument("--watch", metavar="SECONDS", nargs="?", type=float, const=2.0, default=None,
+                   help="redraw the view in place every SECONDS (default 2) until Ctrl-C")
+
+    p = add("dag", "draw the dependency graph of sources and stream tables")
+    p.add_argument("--out", metavar="FILE", help="also write it: FILE.dot (Graphviz DOT), FILE.png/.svg/.pdf "
+                   "(with Graphviz's dot, else matplotlib)")
 
     p = add("history", "show a stream table's refresh history, newest first")
     p.add_argument("name")
@@ -166,9 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("run", "run the pipeline of a conf file until SIGINT/SIGTERM")
     p.add_argument("run_conf", metavar="CONF.yaml")
+    p.add_argument("--metrics-port", metavar="PORT", type=int, default=None,
+                   help="serve Prometheus metrics on PORT (default: the conf's runtime.metrics_port; 0: off)")
 
     add("demo", "run the org-chart tutorial on a local warehouse (no servers needed)")
     return parser
+
+
+def _progress_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress", action="store_true",
+                   help="show the progress bar of long refreshes even when stderr is not a terminal")
 
 
 # ------------------------------------------------------------------------------------------- entry point
@@ -197,6 +212,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         run_demo(str(warehouse), spark_conf=conf.spark if conf else None, log_level=args.log_level)
         return EXIT_OK
+    if args.command == "dag":  # the catalog alone: no Spark
+        return _cmd_dag(args, warehouse, conf)
 
     handlers: dict[str, Callable[[argparse.Namespace, StreamTables, TrickleConf | None], int]] = {
         "create": _cmd_create,
@@ -346,12 +363,15 @@ def _read_query(args: argparse.Namespace) -> str:
 
 
 def _cmd_create(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    from pipeline.progress import progress, wanted
+
     kwargs: dict[str, Any] = {"initialize": not args.no_initialize}
     if args.schedule is not None:
         kwargs["schedule"] = args.schedule
     if args.mode is not None:
         kwargs["refresh_mode"] = args.mode
-    st.create_stream_table(args.name, args.query_text, **kwargs)
+    with progress(st.spark, f"populating {args.name}", wanted(args.progress) and not args.no_initialize):
+        st.create_stream_table(args.name, args.query_text, **kwargs)
     row = _status_of(st, args.name)
     if args.json:
         _print_json(row if row is not None else {"name": args.name})
@@ -384,7 +404,10 @@ def _cmd_drop(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | No
 
 
 def _cmd_refresh(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
-    result = st.refresh_stream_table(args.name)
+    from pipeline.progress import progress, wanted
+
+    with progress(st.spark, f"refreshing {args.name}", wanted(args.progress)):
+        result = st.refresh_stream_table(args.name)
     if args.json:
         _print_json(result)
     else:
@@ -393,15 +416,59 @@ def _cmd_refresh(args: argparse.Namespace, st: StreamTables, conf: TrickleConf |
 
 
 def _cmd_status(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
-    rows = st.status()
+    """The status view (:mod:`pipeline.monitor`); ``--watch``: redrawn in place until Ctrl-C."""
+    if args.watch is None:
+        _print_status(args, st, conf)
+        return EXIT_OK
+    if args.watch <= 0:
+        raise TrickleError(f"status --watch: SECONDS must be positive, got {args.watch:g}")
+    try:
+        while True:
+            sys.stdout.write("\x1b[H\x1b[2J")  # home, clear: the view is redrawn in place
+            print(f"trickle status  {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC  (every {args.watch:g} s; "
+                  "Ctrl-C stops)\n")
+            _print_status(args, st, conf)
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        print()
+    return EXIT_OK
+
+
+def _print_status(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> None:
+    from pipeline import monitor
+
+    extra = {r["name"]: r for r in monitor.status_rows(st.spark, st.catalog)}
+    rows = [{**r, **extra.get(str(r.get("name")), {})} for r in st.status()]
     if args.json:
         _print_json(rows)
     elif not rows:
         print("no stream tables")
     else:
-        print(format_table(rows, STATUS_COLUMNS))
+        print(format_table(rows, monitor.STATUS_COLUMNS))
     if not args.json:
         _print_sources_status(conf, args.warehouse_path)
+
+
+def _cmd_dag(args: argparse.Namespace, warehouse: Path, conf: TrickleConf | None) -> int:
+    """``trickle dag``: the graph from the catalog (no Spark), and ``--out`` a DOT or PNG file."""
+    from pipeline import dag
+    from pipeline.catalog import Catalog
+    from pipeline.conf import KafkaSourceSpec
+
+    root = warehouse / "_trickle"
+    defs = Catalog(root).all() if root.is_dir() else []
+    topics = {s.name: s.topic for s in (conf.sources if conf else ()) if isinstance(s, KafkaSourceSpec)}
+    g = dag.build(defs, topics)
+    if args.json:
+        _print_json({"nodes": [dataclasses.asdict(n) for n in g.nodes.values()],
+                     "edges": [{"source": s, "reader": r} for s, r in g.edges]})
+    else:
+        print(dag.render_text(g))
+    if args.out:
+        how = dag.write(g, Path(args.out))
+        if not args.json:
+            print(f"\nwrote {args.out} ({how})")
     return EXIT_OK
 
 
@@ -412,14 +479,16 @@ SOURCE_COLUMNS = ("name", "status", "since", "topic", "bootstrap_servers", "erro
 def _print_sources_status(conf: TrickleConf | None, warehouse: Path) -> None:
     """The Kafka sources' state as the running (or last) ``trickle run`` of this warehouse wrote it: a
     source whose brokers stopped answering shows DOWN here, while its stream tables still look ACTIVE."""
+    from pipeline.monitor import SOURCE_COLUMNS as MONITOR_SOURCE_COLUMNS
+    from pipeline.monitor import source_rows
     from pipeline.runtime import read_sources_status
 
     doc = read_sources_status(Path(conf.checkpoints) if conf and conf.checkpoints else warehouse / "_checkpoints")
     if not doc or not doc.get("sources"):
         return
     print(f"\nKafka sources (trickle run, pid {doc.get('pid')}):")
-    rows = [{**r, "since": _epoch_to_datetime(r.get("since"))} for r in doc["sources"]]
-    print(format_table(rows, SOURCE_COLUMNS))
+    rows = [{**r, "since": _epoch_to_datetime(r.get("since"))} for r in source_rows(doc)]
+    print(format_table(rows, [*MONITOR_SOURCE_COLUMNS, *(c for c in SOURCE_COLUMNS if c not in MONITOR_SOURCE_COLUMNS)]))
 
 
 def _cmd_history(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
@@ -452,6 +521,8 @@ def _cmd_run(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | Non
     from pipeline.runtime import Runtime
 
     assert conf is not None
+    if args.metrics_port is not None:  # the flag wins over the conf's runtime.metrics_port
+        conf = dataclasses.replace(conf, runtime=dataclasses.replace(conf.runtime, metrics_port=args.metrics_port))
     log = _Logger(json_lines=args.json)
     # Our handlers replace pyspark's (which cancels all jobs and raises KeyboardInterrupt), so a signal
     # never interrupts a refresh or a create half-way: the loop stops at the next safe point.

@@ -73,7 +73,7 @@ __all__ = [
 ]
 
 TOP_LEVEL_KEYS = frozenset({"spark", "warehouse", "checkpoints", "sources", "stream_tables", "runtime"})
-STREAM_TABLE_KEYS = frozenset({"name", "query", "query_file", "schedule", "refresh_mode"})
+STREAM_TABLE_KEYS = frozenset({"name", "query", "query_file", "schedule", "refresh_mode", "max_staleness"})
 RUNTIME_KEYS = frozenset(
     {
         "tick_seconds",
@@ -82,6 +82,8 @@ RUNTIME_KEYS = frozenset(
         "retry_backoff_max_seconds",
         "scheduler_threads",
         "fused_wait_seconds",
+        "metrics_port",
+        "alert_webhook",
     }
 )
 KAFKA_SOURCE_KEYS = frozenset(
@@ -182,6 +184,8 @@ class StreamTableSpec:
     query: str
     schedule: str | None = DEFAULT_SCHEDULE
     refresh_mode: str = DEFAULT_REFRESH_MODE
+    #: ``max_staleness`` in seconds: above it, ``trickle run`` alerts (:mod:`pipeline.alerts`); None: never
+    max_staleness_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +208,10 @@ class RuntimeSpec:
     retry_backoff_max_seconds: float = DEFAULT_RETRY_BACKOFF_MAX_SECONDS
     scheduler_threads: int = DEFAULT_SCHEDULER_THREADS
     fused_wait_seconds: float = DEFAULT_FUSED_WAIT_SECONDS
+    #: ``metrics_port``: the port ``trickle run`` serves Prometheus metrics on (0: none, :mod:`pipeline.metrics`);
+    #: ``alert_webhook``: the URL alerts are POSTed to as JSON (None: alerts are only logged)
+    metrics_port: int = 0
+    alert_webhook: str | None = None
 
 
 @dataclass(frozen=True)
@@ -425,7 +433,8 @@ def _stream_tables(path: Path, value: Any) -> list[StreamTableSpec]:
             )
         mode = mode.strip().upper()
         schedule = _schedule(path, where, item.get("schedule"), mode)
-        specs.append(StreamTableSpec(name=name, query=query, schedule=schedule, refresh_mode=mode))
+        specs.append(StreamTableSpec(name=name, query=query, schedule=schedule, refresh_mode=mode,
+                                     max_staleness_seconds=_max_staleness(path, where, item.get("max_staleness"))))
     return specs
 
 
@@ -460,6 +469,19 @@ def _schedule(path: Path, where: str, value: Any, mode: str) -> str | None:
     if not croniter.is_valid(text):
         raise ConfigError(bad)
     return text
+
+
+def _max_staleness(path: Path, where: str, value: Any) -> float | None:
+    """``max_staleness``: a duration (``30s``, ``5m``, ``1h30m``) or a number of seconds; None: no alert."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    seconds = parse_duration(value) if isinstance(value, str) else None
+    if not seconds or seconds <= 0:
+        raise ConfigError(f"{path}: {where}: invalid 'max_staleness' {value!r}: use a positive duration such as "
+                          "30s, 5m or 1h30m, or a number of seconds")
+    return float(seconds)
 
 
 def _query(path: Path, where: str, item: dict[str, Any]) -> str:
@@ -841,7 +863,16 @@ def _runtime(path: Path, value: Any) -> RuntimeSpec:
     fused_wait = _positive_number(
         path, w, "fused_wait_seconds", value.get("fused_wait_seconds"), DEFAULT_FUSED_WAIT_SECONDS
     )
+    port = value.get("metrics_port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
+        raise ConfigError(f"{path}: runtime.metrics_port must be a port number (1-65535; 0 or absent: no "
+                          f"metrics), got {port!r}")
+    hook = value.get("alert_webhook")
+    if hook is not None and (not isinstance(hook, str) or not re.match(r"^https?://[^\s/]+", hook)):
+        raise ConfigError(f"{path}: runtime.alert_webhook must be an http:// or https:// URL, got {hook!r}")
     return RuntimeSpec(
+        metrics_port=port or 0,
+        alert_webhook=hook,
         tick_seconds=tick,
         max_consecutive_errors=errors,
         retry_backoff_seconds=base,

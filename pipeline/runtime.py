@@ -75,10 +75,13 @@ class SourceHealth:
     next_warning: float = 0.0
     #: what the source's events asked of the mirror that it could not do (connectors.kafka_mirror)
     schema_error: str | None = None
+    #: lag_offsets, lag_seconds, dead_letters: set by the run's monitor (pipeline.observer)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "since": self.since, "error": self.error,
-                "topic": self.topic, "bootstrap_servers": self.bootstrap_servers, "schema_error": self.schema_error}
+                "topic": self.topic, "bootstrap_servers": self.bootstrap_servers,
+                "schema_error": self.schema_error, **self.extra}
 
 
 def _stamp(t: float) -> str:
@@ -171,6 +174,7 @@ class Runtime:
         #: Kafka source -> the IMMEDIATE tables a batch of it marks for their lanes (pipeline.fused.fed_by),
         #: recomputed each tick from the catalog so that a batch reads no catalog
         self._fed: dict[str, list[str]] = {}
+        self.observer: Any = None  # pipeline.observer.Observer: metrics, alerts, Kafka lag (see observe())
         rt = conf.runtime
         self.lanes = RefreshLanes(
             lambda name: self.st.refresh_stream_table(name), self._fused_done, self._fused_failed,
@@ -186,6 +190,7 @@ class Runtime:
 
         self.check_sources()
         self.probe_sources()
+        self.observe()
         self._start_transaction_topics()
         for spec in self.conf.sources:
             if isinstance(spec, KafkaSourceSpec):
@@ -214,6 +219,14 @@ class Runtime:
         if (self.ingestion or self._waiting_topics) and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch_loop, name="trickle-ingestion-watch", daemon=True)
             self._watcher.start()
+
+    def observe(self) -> Any:
+        """Start the monitor thread (:mod:`pipeline.observer`) once: metrics, alerts and Kafka lag."""
+        if self.observer is None:
+            from pipeline.observer import Observer
+
+            self.observer = Observer(self).start()
+        return self.observer
 
     def _start_transaction_topics(self) -> None:
         """One ingestion query per transaction topic the Kafka sources name (:mod:`connectors.kafka_transactions`),
@@ -334,6 +347,7 @@ class Runtime:
         from pipeline.scheduler import Scheduler
 
         rt = self.conf.runtime
+        self.observe()
         sched = Scheduler(self.st.refresh_stream_table, self._set_status, max_consecutive_errors=rt.max_consecutive_errors,
                           backoff_base=rt.retry_backoff_seconds, backoff_max=rt.retry_backoff_max_seconds,
                           threads=rt.scheduler_threads, log=self._decision)
@@ -645,6 +659,8 @@ class Runtime:
         would last as long as the broker is away. The queries are stopped in parallel, because stopping a
         Kafka source waits for its admin client's pending call (up to ``kafka.default.api.timeout.ms``)."""
         self._halt.set()
+        if self.observer is not None:
+            self.observer.stop()
         if self._watcher is not None:
             self._watcher.join()  # it may be restarting a query: let it finish, so that one is stopped too
         queries = [q for q in (*self.immediate.values(), *self.ingestion.values()) if q is not None]
