@@ -1,6 +1,12 @@
 """The ``spark-submit`` entry point: run a conf file's pipeline (the same job as ``trickle run``).
 
     spark-submit --jars "$(ls jars/lib/*.jar | paste -sd, -)" trickle_job.py conf/pipeline.yaml [--json]
+    spark-submit ... trickle_job.py demo --warehouse /data/demo   # any other ``trickle`` command
+
+A first argument that names a ``trickle`` command runs that command; anything else is a conf file for
+``run``. On a cluster the package reaches the driver and the executors' Python workers as a zip given to
+``--py-files`` (see the README's "Deploying on a cluster"); copied away from the repository, this file then
+imports everything from that zip.
 
 Why a file at the root: spark-submit runs a *file* as ``__main__`` with that file's folder on
 ``sys.path``, so this is where the ``pipeline``, ``dvm`` and ``connectors`` packages import from without
@@ -20,5 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pipeline.cli import main  # noqa: E402
 
+
+def _argv(args: list[str]) -> list[str]:
+    """``run CONF`` unless the first argument already names a command of the CLI."""
+    from pipeline.cli import build_parser
+
+    commands = next(a.choices for a in build_parser()._actions if a.dest == "command")
+    return args if args and args[0] in commands else ["run", *args]
+
+
 if __name__ == "__main__":
-    sys.exit(main(["run", *sys.argv[1:]]))
+    sys.exit(main(_argv(sys.argv[1:])))

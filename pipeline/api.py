@@ -13,7 +13,7 @@ import dvm
 import dvm.views
 from connectors.delta_log import DeltaLog
 from dvm.context import PREV, quote
-from pipeline import fixpoints
+from pipeline import fixpoints, metastore
 from pipeline.catalog import (
     NAME_MAX_LENGTH,
     NAME_RE,
@@ -69,6 +69,13 @@ class StreamTables:
                 if src.kind == "delta" and _path_source(key) is None:  # a path is read as written
                     self._register(key, src.path)
             self._register(d.name, d.path)
+            self._publish(d.name, d.path)
+
+    def _publish(self, name: str, path: str) -> None:
+        """Also register the stream table in the metastore database ``trickle.metastore.database``, if set
+        (see :mod:`pipeline.metastore`), once it has a Delta log."""
+        if metastore.database(self.spark) and DeltaLog(self.spark, path).latest_version() is not None:
+            metastore.publish(self.spark, name, path)
 
     def _register(self, name: str, path: str) -> None:
         if DeltaLog(self.spark, path).latest_version() is None:
@@ -223,6 +230,7 @@ class StreamTables:
                 self.refresher.refresh(key)
             else:
                 self._create_empty(draft, latest)
+            self._publish(key, path)  # first: a clash there leaves no session name behind
             self._register(key, path)
         except Exception:
             self.catalog.delete(key)
@@ -330,6 +338,7 @@ class StreamTables:
         self.catalog.drop_history(key)
         if self.spark.catalog.tableExists(key):
             self.spark.sql(f"DROP TABLE IF EXISTS {key}")
+        metastore.unpublish(self.spark, key, d.path)
         shutil.rmtree(d.path, ignore_errors=True)
         shutil.rmtree(self.catalog.checkpoint_path(key), ignore_errors=True)
         self.refresher._plans = {k: v for k, v in self.refresher._plans.items() if k[0] != key}

@@ -63,8 +63,11 @@ def _launcher_settings(candidates: Mapping[str, str]) -> list[str]:
     default of ours must not silently replace, say, ``--master yarn`` with ``local[2]``."""
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         return []
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
 
+    # SparkConf() reads the JVM's system properties only once pyspark is attached to that JVM; before,
+    # it is an empty dict and spark-submit's --master would be replaced by local[2]
+    SparkContext._ensure_initialized()
     preset = SparkConf()  # loads spark.* system properties from the launcher's JVM
     return [k for k in candidates if preset.contains(k)]
 
