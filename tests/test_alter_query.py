@@ -253,3 +253,38 @@ runtime:
 
 def _version(spark: Any, table: str) -> int:
     return int(spark.sql(f"DESCRIBE HISTORY {table}").first()["version"])
+
+
+def test_conf_changes_say_what_is_applied_and_what_is_not(tmp_path: Path) -> None:
+    """No Spark: which edits of a conf file become ALTERs and which are logged as not applied; a touch
+    without an edit is no change."""
+    from pipeline.conf import load_conf
+    from pipeline.conf_reload import Alter, ConfFile, changes
+
+    f = tmp_path / "c.yaml"
+
+    def conf(tables: str, tick: float = 1) -> Any:
+        f.write_text(f"stream_tables:\n{tables}\nruntime:\n  tick_seconds: {tick}\n")
+        return load_conf(f)
+
+    a = "  - {name: a, query: SELECT x FROM s}\n"
+    b = "  - {name: b, query: SELECT y FROM s, schedule: 5m}\n"
+    old = conf(a + b)
+    watched = ConfFile(f)
+    assert not watched.changed()
+    f.write_text(f.read_text())
+    os.utime(f, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert not watched.changed(), "a touch without an edit"
+    new = conf("  - {name: a, query: 'SELECT x, z FROM s'}\n  - {name: b, query: SELECT y FROM s, schedule: 10s}\n"
+               "  - {name: c, query: SELECT 1 AS one FROM s}\n", tick=2)
+    assert watched.changed() and not watched.changed()
+    current = {"a": "SELECT x FROM s", "b": "SELECT y FROM s", "gone": "SELECT 2 AS two FROM s"}
+    alters, ignored = changes(old, new, current)
+    assert alters == [Alter("a", query="SELECT x, z FROM s"), Alter("b", schedule="10s")]
+    assert any("stream table c was added" in n for n in ignored), ignored
+    assert any("'runtime' changed" in n for n in ignored), ignored
+    alters, ignored = changes(new, conf(a), {**current, "a": "SELECT x, z FROM s", "c": "SELECT 1 AS one FROM s"})
+    assert alters == [Alter("a", query="SELECT x FROM s")]
+    assert any("stream table b was removed" in n and "not dropped" in n for n in ignored), ignored
+    # the catalog already holds the conf's new query (altered from the CLI): nothing to do
+    assert changes(old, new, {**current, "a": "SELECT x, z FROM s"})[0] == [Alter("b", schedule="10s")]
