@@ -288,3 +288,28 @@ def test_conf_changes_say_what_is_applied_and_what_is_not(tmp_path: Path) -> Non
     assert any("stream table b was removed" in n and "not dropped" in n for n in ignored), ignored
     # the catalog already holds the conf's new query (altered from the CLI): nothing to do
     assert changes(old, new, {**current, "a": "SELECT x, z FROM s"})[0] == [Alter("b", schedule="10s")]
+
+
+def test_alter_restarts_an_immediate_tables_streaming_query(
+        spark: Any, st: Any, make_source: Any, unique_name: Any) -> None:
+    """An IMMEDIATE table running in this process: the alter stops its streaming query and starts it again
+    over the new query's sources (a fresh checkpoint: the old one follows other sources), so a change of the
+    source the new query added reaches the table."""
+    orders = make_source("orders", "id INT, customer STRING, amount INT", rows=[(1, "ann", 5), (2, "bob", 7)])
+    regions = make_source("regions", "customer STRING, region STRING", rows=[("ann", "north")])
+    name = unique_name("imm")
+    st.create_stream_table(name, f"SELECT customer, SUM(amount) AS total FROM {orders} GROUP BY customer",
+                           refresh_mode="IMMEDIATE")
+    old = st.start(name)
+    q_new = (f"SELECT r.region, SUM(o.amount) AS total FROM {orders} o JOIN {regions} r "
+             f"ON o.customer = r.customer GROUP BY r.region")
+    st.alter_stream_table(name, query=q_new)
+    assert not old.isActive and st._queries[name].isActive and st._queries[name] is not old
+    assert_matches(spark, st, name, q_new, "after the alter")
+    spark.sql(f"INSERT INTO {regions} VALUES ('bob', 'south')")
+    version = _version(spark, regions)
+    deadline = time.time() + 180
+    while (st.catalog.get(name).frontier or {}).get(regions, -1) < version:
+        assert time.time() < deadline and st._queries[name].isActive, st._queries[name].exception()
+        time.sleep(0.3)
+    assert_matches(spark, st, name, q_new, "after a change of the new source, refreshed by the streaming query")
