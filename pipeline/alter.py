@@ -126,8 +126,10 @@ def revalidate_dependents(st: StreamTables, key: str, old_names: list[str], new_
         try:
             redefine(st, dep, draft, f"source {key} was altered: its columns changed from {old_names} to "
                                      f"{new_names}")
-        except TrickleError:
-            continue  # recorded in its history and status by the refresh that failed
+        except Exception as e:  # noqa: BLE001 - the alter of key succeeded; this dependent waits for a user
+            mark_error(st, st.catalog.get(name), f"stream table {name} could not be re-initialized after the "
+                       f"query of {key} was altered: {_first_line(e)}; fix the cause and alter {name} (its "
+                       "query, or status=ACTIVE to retry)")
 
 
 def missing_message(dep: StreamTableDef, key: str, removed: list[str], new_names: list[str],

@@ -253,3 +253,63 @@ runtime:
 
 def _version(spark: Any, table: str) -> int:
     return int(spark.sql(f"DESCRIBE HISTORY {table}").first()["version"])
+
+
+def test_conf_changes_say_what_is_applied_and_what_is_not(tmp_path: Path) -> None:
+    """No Spark: which edits of a conf file become ALTERs and which are logged as not applied; a touch
+    without an edit is no change."""
+    from pipeline.conf import load_conf
+    from pipeline.conf_reload import Alter, ConfFile, changes
+
+    f = tmp_path / "c.yaml"
+
+    def conf(tables: str, tick: float = 1) -> Any:
+        f.write_text(f"stream_tables:\n{tables}\nruntime:\n  tick_seconds: {tick}\n")
+        return load_conf(f)
+
+    a = "  - {name: a, query: SELECT x FROM s}\n"
+    b = "  - {name: b, query: SELECT y FROM s, schedule: 5m}\n"
+    old = conf(a + b)
+    watched = ConfFile(f)
+    assert not watched.changed()
+    f.write_text(f.read_text())
+    os.utime(f, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert not watched.changed(), "a touch without an edit"
+    new = conf("  - {name: a, query: 'SELECT x, z FROM s'}\n  - {name: b, query: SELECT y FROM s, schedule: 10s}\n"
+               "  - {name: c, query: SELECT 1 AS one FROM s}\n", tick=2)
+    assert watched.changed() and not watched.changed()
+    current = {"a": "SELECT x FROM s", "b": "SELECT y FROM s", "gone": "SELECT 2 AS two FROM s"}
+    alters, ignored = changes(old, new, current)
+    assert alters == [Alter("a", query="SELECT x, z FROM s"), Alter("b", schedule="10s")]
+    assert any("stream table c was added" in n for n in ignored), ignored
+    assert any("'runtime' changed" in n for n in ignored), ignored
+    alters, ignored = changes(new, conf(a), {**current, "a": "SELECT x, z FROM s", "c": "SELECT 1 AS one FROM s"})
+    assert alters == [Alter("a", query="SELECT x FROM s")]
+    assert any("stream table b was removed" in n and "not dropped" in n for n in ignored), ignored
+    # the catalog already holds the conf's new query (altered from the CLI): nothing to do
+    assert changes(old, new, {**current, "a": "SELECT x, z FROM s"})[0] == [Alter("b", schedule="10s")]
+
+
+def test_alter_restarts_an_immediate_tables_streaming_query(
+        spark: Any, st: Any, make_source: Any, unique_name: Any) -> None:
+    """An IMMEDIATE table running in this process: the alter stops its streaming query and starts it again
+    over the new query's sources (a fresh checkpoint: the old one follows other sources), so a change of the
+    source the new query added reaches the table."""
+    orders = make_source("orders", "id INT, customer STRING, amount INT", rows=[(1, "ann", 5), (2, "bob", 7)])
+    regions = make_source("regions", "customer STRING, region STRING", rows=[("ann", "north")])
+    name = unique_name("imm")
+    st.create_stream_table(name, f"SELECT customer, SUM(amount) AS total FROM {orders} GROUP BY customer",
+                           refresh_mode="IMMEDIATE")
+    old = st.start(name)
+    q_new = (f"SELECT r.region, SUM(o.amount) AS total FROM {orders} o JOIN {regions} r "
+             f"ON o.customer = r.customer GROUP BY r.region")
+    st.alter_stream_table(name, query=q_new)
+    assert not old.isActive and st._queries[name].isActive and st._queries[name] is not old
+    assert_matches(spark, st, name, q_new, "after the alter")
+    spark.sql(f"INSERT INTO {regions} VALUES ('bob', 'south')")
+    version = _version(spark, regions)
+    deadline = time.time() + 180
+    while (st.catalog.get(name).frontier or {}).get(regions, -1) < version:
+        assert time.time() < deadline and st._queries[name].isActive, st._queries[name].exception()
+        time.sleep(0.3)
+    assert_matches(spark, st, name, q_new, "after a change of the new source, refreshed by the streaming query")
