@@ -221,8 +221,9 @@ class KafkaSourceSpec:
     ``columns`` are ``(name, canonical Spark SQL type)`` pairs in table order (the shape
     :class:`connectors.debezium.SourceSchema` takes); empty when the conf leaves them out: the columns (and,
     without ``key``, the key) then come from the events' Connect schemas and follow the source's ADD COLUMN
-    (:mod:`connectors.debezium_schema`); ``key`` is the primary key the mirror is maintained by; ``dead_letter`` is the table that receives events that cannot be decoded (None: the runtime's
-    default); ``kafka_options`` are extra Spark Kafka reader options, values as strings.
+    (:mod:`connectors.debezium_schema`); ``key`` is the primary key the mirror is maintained by;
+    ``dead_letter`` is the table that receives events that cannot be decoded (None: the runtime's default);
+    ``kafka_options`` are extra Spark Kafka reader options, values as strings.
     ``transaction_topic``: the connector's transaction topic (``<topic.prefix>.transaction``, with
     ``provide.transaction.metadata=true``): stream tables then read this mirror and its siblings at versions
     holding whole source transactions (:mod:`pipeline.transactions`); ``collection`` is this topic's table as

@@ -185,7 +185,7 @@ class Runtime:
     def start_sources(self) -> None:
         """Kafka sources get their mirror and ingestion query; Delta sources given by path get a name."""
         from connectors import kafka_mirror
-        from connectors.debezium import SourceSchema
+        from connectors.debezium import DecodeError, SourceSchema
         from pipeline.conf import KafkaSourceSpec
 
         self.check_sources()
@@ -194,8 +194,11 @@ class Runtime:
         self._start_transaction_topics()
         for spec in self.conf.sources:
             if isinstance(spec, KafkaSourceSpec):
-                schema = SourceSchema(spec.columns, spec.key) if spec.columns else kafka_mirror.discover_schema(
-                    self.spark, spec.name, spec.topic, spec.bootstrap_servers, dict(spec.kafka_options), spec.key)
+                try:
+                    schema = SourceSchema(spec.columns, spec.key) if spec.columns else kafka_mirror.discover_schema(
+                        self.spark, spec.name, spec.topic, spec.bootstrap_servers, dict(spec.kafka_options), spec.key)
+                except DecodeError as e:
+                    raise ConfigError(f"{self.conf.path}: {e}") from None
                 src = kafka_mirror.KafkaSource(
                     spec.name, spec.topic, spec.bootstrap_servers, schema,
                     dead_letter=spec.dead_letter or "", starting_offsets=spec.starting_offsets,

@@ -7,7 +7,7 @@ the new frontier (read anyway, no Spark job) and decides:
 
 * nothing changed, or only columns the query does not read were *added*: carry on (DIFFERENTIAL stays
   DIFFERENTIAL) and leave a note in the refresh's reason;
-* a column the query reads was widened (Delta type widening, e.g. INT -> BIGINT) or changed type, a column
+* a column was widened (Delta type widening, e.g. INT -> BIGINT) or changed type, a column
   was dropped and added again under the same name (column mapping gives it a new id: its old values are
   gone), or a column the query does not read was dropped or renamed (the change feed cannot be read across
   that): REINITIALIZE, with the reason;
@@ -132,12 +132,9 @@ def compare(table: str, source: str, seen: Mapping[str, Any], schema_json: str, 
                                         "gone")
         elif old.type != new.type:
             how = "widened" if is_widening(old.type, new.type) else "changed its type"
-            if reads:
-                verdict.add("REINITIALIZE", f"source {source} changed its schema: column {old.name} {how} from "
-                                            f"{old.type} to {new.type}")
-            else:
-                verdict.notes.append(f"column {old.name} of source {source} {how} from {old.type} to {new.type} "
-                                     "(not read by the query)")
+            unread = "" if reads else " (not read by the query, but the change feed is not read across it)"
+            verdict.add("REINITIALIZE", f"source {source} changed its schema: column {old.name} {how} from "
+                                        f"{old.type} to {new.type}{unread}")
     known = {c.name.lower() for c in before}
     for c in after:
         if c.name.lower() not in known:

@@ -330,3 +330,114 @@ runtime:
         if runtime is not None:
             runtime.stop()
         connect.stop()
+
+
+def test_a_source_without_columns_follows_its_table_ddl(spark: Any, services: Any, unique_name: Any,
+                                                        tmp_path: Path) -> None:
+    """Issue 19 point 3. A Kafka source declared without columns or key takes both from the events' Connect
+    schemas. PostgreSQL's ``ADD COLUMN`` reaches the mirror as a new column, the stream table over it carries
+    on (its refresh notes the column); ``ALTER COLUMN ... TYPE bigint`` widens the mirror's column and
+    re-initializes the stream table; a change to ``text`` cannot be merged: its events go to the dead-letter
+    table with the reason and the source is flagged in the sources' status. Mirror and stream table equal
+    PostgreSQL's own rows after each step."""
+    from pipeline import StreamTables
+    from pipeline.cli import _Logger
+    from pipeline.conf import load_conf
+    from pipeline.runtime import Runtime, read_sources_status
+
+    pg, broker = services
+    items = unique_name("ev_items")
+    pg.execute(f"CREATE TABLE {items} (id int PRIMARY KEY, qty int, label text)")
+    pg.execute(f"INSERT INTO {items} SELECT i, i * 3, 'l' || (i % 3) FROM generate_series(1, 12) AS i")
+    prefix = unique_name("evshop")
+    connect = KafkaConnect(tmp_path / "connect", broker.bootstrap, debezium_postgres_connector(pg, prefix, [items]))
+    connect.start()
+    runtime: Runtime | None = None
+    stop = threading.Event()
+    loop: threading.Thread | None = None
+    try:
+        connect.wait_for_snapshot()
+        by_label = unique_name("ev_by_label")
+        q_label = f"SELECT label, COUNT(*) AS n, SUM(qty) AS total FROM {items} GROUP BY label"
+        conf_file = tmp_path / "pipeline.yaml"
+        conf_file.write_text(f"""
+sources:
+  - name: {items}
+    kind: kafka
+    topic: {debezium_topic(prefix, items)}
+    bootstrap_servers: "{broker.bootstrap}"
+    trigger_seconds: 0.5
+checkpoints: ckpt
+stream_tables:
+  - name: {by_label}
+    refresh_mode: DIFFERENTIAL
+    schedule: 1s
+    query: {q_label}
+runtime:
+  tick_seconds: 0.5
+""")
+        st = StreamTables(spark, root=str(tmp_path / "trickle"))
+        runtime = Runtime(st, load_conf(conf_file), _Logger(json_lines=False), tmp_path)
+        runtime.start_sources()
+        assert runtime._sources[items][0].schema.key == ("id",)  # from the Kafka key's Connect schema
+        runtime.create_stream_tables(stop)
+        loop = threading.Thread(target=runtime.run, args=(stop,), daemon=True)
+        loop.start()
+
+        def converged(where: str, columns: str, types: str, timeout_s: float = 150) -> None:
+            checks = [(f"SELECT {columns} FROM {items}", types, lambda: spark.table(items).select(*columns.split(", "))),
+                      (q_label, "sii", lambda: st.read(by_label))]
+            deadline = time.time() + timeout_s
+            for sql, kinds, read in checks:
+                while True:
+                    want = _typed(pg.query(sql), kinds)
+                    try:
+                        got = [tuple(r) for r in read().collect()]
+                    except Exception as e:  # noqa: BLE001 - the new column is not in the mirror yet
+                        got, last = [], str(e).split("\n")[0]
+                    else:
+                        missing, extra = compare_rows(want, got)
+                        if not missing and not extra:
+                            break
+                        last = format_diff(sql, columns.split(", "), missing, extra, len(want), len(got))
+                    assert time.time() < deadline, f"{where}: not equal to PostgreSQL after {timeout_s} s\n{last}"
+                    time.sleep(1)
+
+        converged("after the snapshot", "id, qty, label", "iis")
+        assert [c for c, _ in runtime._sources[items][0].schema.columns] == ["id", "qty", "label"]
+        pg.execute(f"UPDATE {items} SET qty = qty + 1 WHERE id % 4 = 0; DELETE FROM {items} WHERE id = 5")
+        pg.execute(f"ALTER TABLE {items} ADD COLUMN note text")
+        pg.execute(f"INSERT INTO {items} VALUES (20, 7, 'l1', 'added'), (21, 8, 'l9', NULL)")
+        pg.execute(f"UPDATE {items} SET note = 'n' || id, label = 'l2' WHERE id % 5 = 1")
+        converged("after ADD COLUMN", "id, qty, label, note", "iiss")
+        noted = [h for h in st.history(by_label, limit=100) if "added column note" in (h["reason"] or "")]
+        assert noted and noted[-1]["action"] == "DIFFERENTIAL", noted
+        assert "REINITIALIZE" not in {h["action"] for h in st.history(by_label, limit=100)}
+
+        pg.execute(f"ALTER TABLE {items} ALTER COLUMN qty TYPE bigint")
+        pg.execute(f"UPDATE {items} SET qty = {2 ** 40} WHERE id = 2")
+        converged("after ALTER COLUMN TYPE bigint", "id, qty, label, note", "iiss")
+        assert dict(spark.table(items).dtypes)["qty"] == "bigint"
+        reinit = [h for h in st.history(by_label, limit=100) if h["action"] == "REINITIALIZE"]
+        assert reinit and "qty widened from int to bigint" in reinit[0]["reason"], reinit
+
+        pg.execute(f"ALTER TABLE {items} ALTER COLUMN qty TYPE text")
+        pg.execute(f"UPDATE {items} SET qty = 'many' WHERE id = 3")
+        deadline = time.time() + 120
+        dead_letters = f"{items}_dead_letter"
+        while not (spark.catalog.tableExists(dead_letters) and spark.table(dead_letters).count()):
+            assert time.time() < deadline, "the event of the changed type did not reach the dead-letter table"
+            time.sleep(1)
+        error = spark.table(dead_letters).first()["error"]
+        assert f"column qty of source {items} changed its type" in error and "BIGINT" in error, error
+        while not (read_sources_status(tmp_path / "ckpt") or {}).get("sources", [{}])[0].get("schema_error"):
+            assert time.time() < deadline, "the source was not flagged in the sources' status"
+            time.sleep(0.5)
+        assert spark.table(items).where("id = 3").first()["qty"] == 9  # the mirror kept the last good value
+    finally:
+        stop.set()
+        if loop is not None:
+            loop.join(60)
+        if runtime is not None:
+            runtime.stop()
+        connect.stop()

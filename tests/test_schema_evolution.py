@@ -74,6 +74,19 @@ def test_compare_decides_each_kind_of_change() -> None:
     assert star.action == "REINITIALIZE" and "selects *" in star.reason
 
 
+def test_read_columns_and_star() -> None:
+    import dvm
+    from pipeline.source_schema import read_columns, selects_star
+
+    schemas = {"a": [("id", "int"), ("x", "int")], "b": [("id", "int"), ("v", "int"), ("w", "string")]}
+    plan = dvm.compile_query("SELECT a.id, SUM(b.v) AS s FROM a JOIN b ON a.id = b.id WHERE b.v > 0 GROUP BY a.id",
+                             schemas)
+    assert read_columns(plan.root) == {"a": {"id"}, "b": {"id", "v"}}
+    assert read_columns(dvm.compile_query("SELECT COUNT(*) AS n FROM b", schemas).root) == {"b": set()}
+    assert selects_star("SELECT * FROM a") and selects_star("SELECT a.*, b.v FROM a JOIN b ON a.id = b.id")
+    assert not selects_star("SELECT COUNT(*) AS n FROM a") and not selects_star("SELECT id FROM a")
+
+
 def test_type_widening_rules() -> None:
     assert is_widening("int", "bigint") and is_widening("tinyint", "int") and is_widening("float", "double")
     assert is_widening("int", "double") and is_widening("date", "timestamp_ntz")
