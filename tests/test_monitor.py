@@ -61,6 +61,7 @@ def test_kafka_lag_in_offsets_and_seconds() -> None:
     assert lag.lag(112.0, 20, 40) == (20, 2.0)
     assert monitor.offsets_total('{"t": {"0": 5, "1": 7}, "u": {"0": 100}}', "t") == 12
     assert monitor.offsets_total({"t": {"0": 3}}) == 3 and monitor.offsets_total(None) is None
+    assert monitor.offsets_total("{'t': {'0': 2, '1': 1}}", "t") == 3  # what pyspark 4.1's endOffset gives
 
 
 def test_seconds_are_formatted_for_a_terminal_column() -> None:
