@@ -226,3 +226,22 @@ runtime:
         runtime.stop()
     with pytest.raises(OSError):  # the metrics server stopped with the run
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_the_grafana_dashboard_uses_the_metrics_the_run_serves() -> None:
+    """conf/grafana-dashboard.json queries only metric names pipeline.metrics defines, and each family once."""
+    import re
+
+    from pipeline.metrics import Metrics
+
+    m = Metrics()
+    m.observe_history([{"name": "t", "action": "DIFFERENTIAL", "status": "OK", "duration_ms": 5.0, "rows_inserted": 1},
+                       {"name": "t", "action": None, "status": "ERROR"}])
+    m.set_table({"name": "t", "status": "ACTIVE", "staleness_s": 1.0, "consecutive_errors": 0})
+    m.set_source("s", 0, 0.0, 0)
+    served = {s.name for fam in m.registry.collect() for s in fam.samples}
+    doc = json.loads((Path(__file__).resolve().parents[1] / "conf" / "grafana-dashboard.json").read_text())
+    used = {name for p in doc["panels"] for t in p["targets"] for name in re.findall(r"trickle_[a-z_]+", t["expr"])}
+    assert used and used <= served, used - served
+    families = {fam.name for fam in m.registry.collect()}
+    assert {n for n in families if not any(u.startswith(n) for u in used)} == set()  # every family has a panel

@@ -135,7 +135,8 @@ def test_conf_max_staleness_metrics_port_and_webhook(tmp_path: Path) -> None:
 
 
 def test_status_of_a_real_stream_table_from_its_history_and_its_source_log(
-        spark: Any, st: Any, make_source: Any, capsys: pytest.CaptureFixture[str]) -> None:
+        spark: Any, st: Any, make_source: Any, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     src = make_source("orders", "id INT, amount INT", rows=[(1, 10), (2, 20)])
     name = f"tot_{src}"
     st.create_stream_table(name, f"SELECT SUM(amount) AS total FROM {src}", schedule="1h",
@@ -165,9 +166,33 @@ def test_status_of_a_real_stream_table_from_its_history_and_its_source_log(
     # the CLI's view: the same numbers as a table
     from pipeline import cli
 
-    args = argparse.Namespace(json=False, warehouse_path=Path(st.catalog.root).parent)
+    args = argparse.Namespace(json=False, warehouse_path=Path(st.catalog.root).parent, watch=None)
     cli._print_status(args, st, None)
     out = capsys.readouterr().out
     header = out.splitlines()[0].split()
     assert header[:6] == ["name", "status", "refresh_mode", "schedule", "staleness", "data_age"], header
     assert "diff=2" in out and "nodata=1" in out, out
+
+    # --watch: cleared and redrawn in place until Ctrl-C (here: the second sleep is "interrupted")
+    naps: list[float] = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.time, "sleep", nap)
+    assert cli._cmd_status(argparse.Namespace(**{**vars(args), "watch": 0.5}), st, None) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert out.count("\x1b[H\x1b[2J") == 2 and out.count(name) == 2 and naps == [0.5, 0.5], out
+
+
+def test_progress_bar_follows_the_tasks_of_a_running_spark_job(spark: Any) -> None:
+    out = io.StringIO()
+    # 8 tasks of 0.4 s each on 2 cores: long enough for several redraws
+    with progress.progress(spark, "refreshing t", True, stream=out, delay_s=0.0) as drawn:
+        spark.range(0, 8, 1, 8).selectExpr("reflect('java.lang.Thread', 'sleep', CAST(400 AS BIGINT))").collect()
+    assert drawn, "no progress line was drawn"
+    assert any("/8 tasks" in line for line in drawn), drawn
+    assert all(line.startswith("refreshing t [") for line in drawn)
+    assert out.getvalue().endswith("\r\x1b[2K")  # erased when done
