@@ -196,3 +196,17 @@ def test_progress_bar_follows_the_tasks_of_a_running_spark_job(spark: Any) -> No
     assert any("/8 tasks" in line for line in drawn), drawn
     assert all(line.startswith("refreshing t [") for line in drawn)
     assert out.getvalue().endswith("\r\x1b[2K")  # erased when done
+
+
+def test_cli_options_of_the_operator_commands() -> None:
+    from pipeline.cli import build_parser
+
+    p = build_parser()
+    assert p.parse_args(["status"]).watch is None
+    assert p.parse_args(["status", "--watch"]).watch == 2.0
+    assert p.parse_args(["status", "--watch", "10"]).watch == 10.0
+    assert p.parse_args(["dag", "--out", "g.png"]).out == "g.png"
+    assert p.parse_args(["run", "c.yaml", "--metrics-port", "9464"]).metrics_port == 9464
+    assert p.parse_args(["run", "c.yaml"]).metrics_port is None  # the conf's runtime.metrics_port then
+    assert p.parse_args(["refresh", "t", "--progress"]).progress
+    assert p.parse_args(["create", "t", "--query", "SELECT 1", "--progress"]).progress
