@@ -88,6 +88,7 @@ def test_alerts_fire_once_per_transition_and_a_dead_webhook_stops_nothing(hook: 
     assert table_alerts(alerter, row, 60.0) == []  # still ERROR: no second alert
     assert table_alerts(alerter, {**row, "status": "ACTIVE", "staleness_s": 61.0}, 60.0)[0]["alert"] == STALENESS
     assert [a["alert"] for a in table_alerts(alerter, row, 60.0)] == [TABLE_ERROR]  # re-armed, fired again
+    assert table_alerts(alerter, {**row, "name": "s", "status": "SUSPENDED", "staleness_s": 99.0}, 60.0) == []
     assert not hook.wait_for({(TABLE_ERROR, "t"), (STALENESS, "t")}, 10)
     alerter.flush()
     assert hook.kinds() == [(TABLE_ERROR, "t"), (STALENESS, "t"), (TABLE_ERROR, "t")]
