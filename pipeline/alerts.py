@@ -105,7 +105,7 @@ def post_json(url: str, doc: Mapping[str, Any], timeout_s: float = WEBHOOK_TIMEO
 
 def table_alerts(alerter: Alerter, row: Mapping[str, Any], max_staleness_s: float | None) -> list[dict[str, Any]]:
     """The alerts of one ``trickle status`` row (:func:`pipeline.monitor.table_row`): ERROR, and staleness
-    above ``max_staleness_s`` (None: no threshold)."""
+    above ``max_staleness_s`` (None: no threshold; a SUSPENDED table is stale on purpose and does not alert)."""
     name = str(row["name"])
     out = []
     a = alerter.check(TABLE_ERROR, name, row.get("status") == "ERROR", table=name,
@@ -116,7 +116,8 @@ def table_alerts(alerter: Alerter, row: Mapping[str, Any], max_staleness_s: floa
         out.append(a)
     stale = row.get("staleness_s")
     if max_staleness_s is not None:
-        a = alerter.check(STALENESS, name, stale is not None and stale > max_staleness_s, table=name,
+        breached = stale is not None and stale > max_staleness_s and row.get("status") != "SUSPENDED"
+        a = alerter.check(STALENESS, name, breached, table=name,
                           staleness_seconds=None if stale is None else round(float(stale), 1),
                           max_staleness_seconds=max_staleness_s,
                           message=f"stream table {name} is {stale and round(float(stale))} s behind its sources, "

@@ -27,6 +27,7 @@ before is the source's lag (``lag_seconds`` of the sources' status, see :class:`
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import time
@@ -257,14 +258,17 @@ class KafkaLag:
 
 def offsets_total(offsets: Any, topic: str | None = None) -> int | None:
     """Sum of per-partition offsets in Spark's Kafka progress form ``{topic: {partition: offset}}`` (JSON
-    text or parsed); None when absent."""
+    text, a Python dict's repr, or parsed); None when absent."""
     if offsets is None:
         return None
     if isinstance(offsets, str):
         try:
             offsets = json.loads(offsets)
         except ValueError:
-            return None
+            try:  # pyspark 4.1's SourceProgress.endOffset is a Python dict's repr, not JSON
+                offsets = ast.literal_eval(offsets)
+            except (ValueError, SyntaxError):
+                return None
     if not isinstance(offsets, Mapping):
         return None
     total = 0

@@ -162,7 +162,11 @@ class Observer:
             probe = self._end_offsets[name] = EndOffsets(self.rt.spark, src.bootstrap_servers, src.options)
         try:
             end = sum(probe(src.topic).values())
-        except Exception:  # noqa: BLE001 - brokers away: the source's DOWN state says so
+        except Exception as e:  # noqa: BLE001 - brokers away: the source's DOWN state says it too
+            message = f"monitor: cannot read the end offsets of topic {src.topic}: {type(e).__name__}: {e}"
+            if message != self._last_error:
+                self.rt.log.error(message[:500])
+                self._last_error = message
             return None, None
         clock = self._lag.setdefault(name, monitor.KafkaLag())
         clock.observe(now, end)

@@ -61,6 +61,7 @@ def test_kafka_lag_in_offsets_and_seconds() -> None:
     assert lag.lag(112.0, 20, 40) == (20, 2.0)
     assert monitor.offsets_total('{"t": {"0": 5, "1": 7}, "u": {"0": 100}}', "t") == 12
     assert monitor.offsets_total({"t": {"0": 3}}) == 3 and monitor.offsets_total(None) is None
+    assert monitor.offsets_total("{'t': {'0': 2, '1': 1}}", "t") == 3  # what pyspark 4.1's endOffset gives
 
 
 def test_seconds_are_formatted_for_a_terminal_column() -> None:
@@ -134,7 +135,8 @@ def test_conf_max_staleness_metrics_port_and_webhook(tmp_path: Path) -> None:
 
 
 def test_status_of_a_real_stream_table_from_its_history_and_its_source_log(
-        spark: Any, st: Any, make_source: Any, capsys: pytest.CaptureFixture[str]) -> None:
+        spark: Any, st: Any, make_source: Any, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     src = make_source("orders", "id INT, amount INT", rows=[(1, 10), (2, 20)])
     name = f"tot_{src}"
     st.create_stream_table(name, f"SELECT SUM(amount) AS total FROM {src}", schedule="1h",
@@ -164,9 +166,47 @@ def test_status_of_a_real_stream_table_from_its_history_and_its_source_log(
     # the CLI's view: the same numbers as a table
     from pipeline import cli
 
-    args = argparse.Namespace(json=False, warehouse_path=Path(st.catalog.root).parent)
+    args = argparse.Namespace(json=False, warehouse_path=Path(st.catalog.root).parent, watch=None)
     cli._print_status(args, st, None)
     out = capsys.readouterr().out
     header = out.splitlines()[0].split()
     assert header[:6] == ["name", "status", "refresh_mode", "schedule", "staleness", "data_age"], header
     assert "diff=2" in out and "nodata=1" in out, out
+
+    # --watch: cleared and redrawn in place until Ctrl-C (here: the second sleep is "interrupted")
+    naps: list[float] = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.time, "sleep", nap)
+    assert cli._cmd_status(argparse.Namespace(**{**vars(args), "watch": 0.5}), st, None) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert out.count("\x1b[H\x1b[2J") == 2 and out.count(name) == 2 and naps == [0.5, 0.5], out
+
+
+def test_progress_bar_follows_the_tasks_of_a_running_spark_job(spark: Any) -> None:
+    out = io.StringIO()
+    # 8 tasks of 0.4 s each on 2 cores: long enough for several redraws
+    with progress.progress(spark, "refreshing t", True, stream=out, delay_s=0.0) as drawn:
+        spark.range(0, 8, 1, 8).selectExpr("reflect('java.lang.Thread', 'sleep', CAST(400 AS BIGINT))").collect()
+    assert drawn, "no progress line was drawn"
+    assert any("/8 tasks" in line for line in drawn), drawn
+    assert all(line.startswith("refreshing t [") for line in drawn)
+    assert out.getvalue().endswith("\r\x1b[2K")  # erased when done
+
+
+def test_cli_options_of_the_operator_commands() -> None:
+    from pipeline.cli import build_parser
+
+    p = build_parser()
+    assert p.parse_args(["status"]).watch is None
+    assert p.parse_args(["status", "--watch"]).watch == 2.0
+    assert p.parse_args(["status", "--watch", "10"]).watch == 10.0
+    assert p.parse_args(["dag", "--out", "g.png"]).out == "g.png"
+    assert p.parse_args(["run", "c.yaml", "--metrics-port", "9464"]).metrics_port == 9464
+    assert p.parse_args(["run", "c.yaml"]).metrics_port is None  # the conf's runtime.metrics_port then
+    assert p.parse_args(["refresh", "t", "--progress"]).progress
+    assert p.parse_args(["create", "t", "--query", "SELECT 1", "--progress"]).progress
