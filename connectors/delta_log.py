@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,9 @@ class Window:
 #: path -> the newest ``protocol`` action seen: commits without a checksum file (delta-rs writes none) and
 #: without a protocol action keep the table's protocol
 _PROTOCOL_SEEN: dict[str, tuple[int, dict[str, Any]]] = {}
+
+#: path -> the latest version a probe found: the next probe starts there (see :meth:`DeltaLog.latest_version`)
+_LATEST_SEEN: dict[str, int] = {}
 
 #: path -> (version, signature of that commit file, meta): a table's metadata at a version it was last
 #: read at, so the next refresh reads only the commits since (see :meth:`DeltaLog.metadata`)
@@ -167,16 +171,36 @@ class DeltaLog:
             stream.close()
 
     def versions(self) -> list[int]:
+        """Every commit version in the log, by listing it (grows with the log: not for refreshes)."""
         return sorted(int(m.group(1)) for n in self._list() if (m := _COMMIT.match(n)))
 
     def latest_version(self) -> int | None:
-        """The newest committed version, or None when the path holds no Delta table."""
-        vs = self.versions()
-        if vs:
-            return vs[-1]
-        # a log that was checkpointed and cleaned up may keep only checkpoint files
-        cp = self._read("_last_checkpoint")
-        return int(json.loads(cp)["version"]) if cp else None
+        """The newest committed version, or None when the path holds no Delta table. Found by probing the
+        commit files after the version this process last saw, else after the last checkpoint
+        (``_last_checkpoint``), so the cost follows the commits since then, not the length of the log; a log
+        without a checkpoint is listed."""
+        start = _LATEST_SEEN.get(self.path)
+        if start is None or self.commit_signature(start) is None:
+            cp = self._read("_last_checkpoint")
+            start = int(json.loads(cp)["version"]) if cp else None
+        if start is None:
+            vs = self.versions()
+            latest = vs[-1] if vs else None
+        else:
+            latest = start
+            while self.commit_signature(latest + 1) is not None:
+                latest += 1
+        if latest is not None:
+            _LATEST_SEEN[self.path] = latest
+        return latest
+
+    def _versions_back(self, upto: int | None = None) -> Iterator[int]:
+        """Commit versions from ``upto`` (default: the latest) down to the oldest commit file still in the
+        log, newest first, without listing it."""
+        v = self.latest_version() if upto is None else min(upto, self.latest_version() or -1)
+        while v is not None and v >= 0 and self.actions(v):
+            yield v
+            v -= 1
 
     def table_size(self, version: int) -> int | None:
         """Bytes of data files at ``version``, from the commit's checksum file; None when it has none."""
@@ -213,12 +237,26 @@ class DeltaLog:
             if not isinstance(found, dict):
                 # a checkpoint holds the protocol as of its version (delta-rs writes one every
                 # delta.checkpointInterval commits, 100 by default, and no checksum files)
-                names = names if names is not None else set(self._list())
+                names = names if names is not None else self._checkpoint_names()
                 found = self._checkpoint_action(v, names, "protocol")
             if isinstance(found, dict):
                 _PROTOCOL_SEEN[self.path] = (v, found)
                 return found
         return None
+
+    def _checkpoint_names(self) -> set[str]:
+        """The file names of the last checkpoint, from ``_last_checkpoint`` (no listing); the whole log's names
+        when it has none."""
+        text = self._read("_last_checkpoint")
+        if not text:
+            return set(self._list())
+        doc = json.loads(text)
+        v, parts = int(doc["version"]), doc.get("parts")
+        if (doc.get("v2Checkpoint") or {}).get("path"):
+            return {str(doc["v2Checkpoint"]["path"]).rsplit("/", 1)[-1]}
+        if parts:
+            return {f"{v:020d}.checkpoint.{i:010d}.{int(parts):010d}.parquet" for i in range(1, int(parts) + 1)}
+        return {f"{v:020d}.checkpoint.parquet"}
 
     def actions(self, version: int) -> list[dict[str, Any]]:
         """The actions of one commit (read once per :class:`DeltaLog`: commit files never change)."""
@@ -249,9 +287,9 @@ class DeltaLog:
                 if m is not None:
                     return self._remember(version, m)
             return self._remember(version, seen[2])
-        names = set(self._list())
+        names = self._checkpoint_names()
         for v in range(version, -1, -1):
-            m = self._meta_action(v) if f"{v:020d}.json" in names else None
+            m = self._meta_action(v)
             if m is None:
                 m = self._checkpoint_meta(v, names)
             if m is not None:
@@ -369,7 +407,7 @@ class DeltaLog:
     def trickle_metadata_at(self, version: int) -> dict[str, Any] | None:
         """The refresh record the table's contents reflect at ``version``: that commit's, or the newest
         one before it (a commit without a record, e.g. a user's OPTIMIZE, changes no contents)."""
-        for v in reversed([v for v in self.versions() if v <= version]):
+        for v in self._versions_back(version):
             meta = self.trickle_metadata(v)
             if meta is not None:
                 return meta
@@ -400,7 +438,7 @@ class DeltaLog:
 
     def last_trickle_commit(self) -> tuple[int, dict[str, Any]] | None:
         """The newest commit carrying a refresh record: the frontier the table's contents reflect."""
-        for v in reversed(self.versions()):
+        for v in self._versions_back():
             meta = self.trickle_metadata(v)
             if meta is not None:
                 return v, meta

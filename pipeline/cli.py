@@ -172,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("explain", "show the operator tree and delta SQL of a stream table or a query")
     p.add_argument("name", help="stream table name, or a SQL query")
 
+    p = add("maintain", "Delta housekeeping now: compact, checkpoint, VACUUM and clean the logs of stream "
+                        "tables (and of a conf file's Kafka mirrors), keeping what frontiers still read")
+    p.add_argument("names", nargs="*", metavar="NAME", help="stream tables to maintain (default: all)")
+    p.add_argument("--sources", action="store_true",
+                   help="also maintain the base Delta tables the stream tables read (your own tables)")
+
     p = add("run", "run the pipeline of a conf file until SIGINT/SIGTERM")
     p.add_argument("run_conf", metavar="CONF.yaml")
     p.add_argument("--metrics-port", metavar="PORT", type=int, default=None,
@@ -224,6 +230,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "history": _cmd_history,
         "explain": _cmd_explain,
         "run": _cmd_run,
+        "maintain": _cmd_maintain,
     }
     handler = handlers[args.command]
     # Validate everything that needs no Spark before paying for its start-up.
@@ -510,6 +517,19 @@ def _cmd_explain(args: argparse.Namespace, st: StreamTables, conf: TrickleConf |
         _print_json({"name": args.name, "explain": text})
     else:
         print(text)
+    return EXIT_OK
+
+
+def _cmd_maintain(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    from pipeline import housekeeping
+
+    reports = housekeeping.maintain(st, args.names or None, mirrors=housekeeping.mirror_paths(st.spark, conf),
+                                    sources=args.sources)
+    if args.json:
+        _print_json([r.as_json() for r in reports])
+    else:
+        for r in reports:
+            print(housekeeping.describe(r))
     return EXIT_OK
 
 

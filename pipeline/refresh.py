@@ -370,6 +370,7 @@ class Refresher:
             over = threading.Event()
             try:
                 with _cancelled_after(self.spark, limit, over):
+                    _check_commits_kept(self.spark, d, pre, post)  # type: ignore[arg-type]
                     counts = self._differential(d, pre, post, windows, record,  # type: ignore[arg-type]
                                                 committed.version)
             except delta_sink.CommitLost:
@@ -1006,6 +1007,16 @@ def _history_gone(e: BaseException, d: StreamTableDef, pre: dict[str, int], post
     parts = [f"{k} between versions {pre.get(k)} and {post[k]}" for k in named]
     return (f"the change history of source {', '.join(parts)} is no longer readable (files it needs were "
             f"removed, e.g. by VACUUM: {_first_line(e)[:200]})")
+
+
+def _check_commits_kept(spark: Any, d: StreamTableDef, pre: dict[str, int], post: dict[str, int]) -> None:
+    """Raise when the first commit of a source's window is gone from its log (log retention removed it after
+    a checkpoint): the change feed of the window can no longer be read. One file check per changed source."""
+    for key, src in d.sources.items():
+        first = pre.get(key, post[key]) + 1
+        if first <= post[key] and DeltaLog(spark, src.path).commit_signature(first) is None:
+            raise SourceChangedError(f"DELTA_FILE_NOT_FOUND: the commit of version {first} is gone from "
+                                     f"{src.path.rstrip('/')}/_delta_log/ (removed by log retention)")
 
 
 def _is_change_feed_error(e: BaseException) -> bool:

@@ -354,6 +354,10 @@ class Runtime:
         sched = Scheduler(self.st.refresh_stream_table, self._set_status, max_consecutive_errors=rt.max_consecutive_errors,
                           backoff_base=rt.retry_backoff_seconds, backoff_max=rt.retry_backoff_max_seconds,
                           threads=rt.scheduler_threads, log=self._decision)
+        from pipeline.housekeeping import Housekeeper, describe, mirror_paths
+
+        # Delta housekeeping every trickle.housekeeping.intervalSeconds, between scheduler ticks
+        keeper = Housekeeper(self.st, lambda: mirror_paths(self.spark, self.conf))
         with sched:
             self.log.event("running", conf=str(self.conf.path), sources=len(self.conf.sources),
                            stream_tables=len(self.st.status()))
@@ -366,6 +370,8 @@ class Runtime:
                     if outcome.ok and outcome.result is not None:
                         self.log.refresh(outcome.result, note=self._stale_note(outcome.result))
                 self._check_queries(("stream table",))  # ingestion: the watcher thread
+                for report in keeper.run_if_due() or []:
+                    self.log.event("housekeeping", table=report.name or report.path, done=describe(report))
                 wake = sched.next_wakeup()
                 wait = rt.tick_seconds if wake is None else min(rt.tick_seconds, max(0.05, wake - time.time()))
                 stop.wait(wait)
