@@ -17,6 +17,8 @@ How, with nothing but put-if-absent (:meth:`connectors.storage.Storage.put_if_ab
   generation exists. If one does (the job stalled past its expiry and another run took over), the renewal
   raises :class:`LeaseLost` and the job stops: two runs may overlap for at most one renewal interval, which
   costs no rows, since every refresh commit is a Delta commit checked against the version it read.
+* A holder on the same host whose process is gone (killed, crashed) is taken over at once: a supervisor's
+  restart does not wait for the expiry.
 * Expiry compares wall clocks of different machines: keep them within a fraction of ``ttl`` (NTP).
 """
 
@@ -87,7 +89,7 @@ class Lease:
         if cur is not None:
             g, holder = cur
             left = float(holder.get("expires_at", 0)) - self.clock()
-            if left > 0:
+            if left > 0 and not self._dead_here(holder):
                 raise LeaseHeld(self._held_message(holder, left))
         nxt = 0 if cur is None else cur[0] + 1
         try:
@@ -100,6 +102,19 @@ class Lease:
         for old in self._generations():  # superseded generations: only the newest counts
             if old < nxt:
                 self.storage.delete(self._file(old))
+
+    def _dead_here(self, holder: dict[str, Any]) -> bool:
+        """Whether the holder ran on this host and its process is gone: a job killed and restarted by a
+        supervisor on the same machine takes its own lease over at once instead of waiting for the expiry."""
+        if holder.get("host") != self.owner["host"] or not isinstance(holder.get("pid"), int):
+            return False
+        try:
+            os.kill(holder["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # alive, owned by another user
+            return False
+        return False
 
     def _held_message(self, holder: dict[str, Any], left: float) -> str:
         return (f"another 'trickle run' of {self.name} is running (host {holder.get('host')}, pid "

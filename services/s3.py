@@ -34,6 +34,7 @@ HOST = "127.0.0.1"  # loopback only
 ACCESS_KEY = "trickle-test"
 SECRET_KEY = "trickle-test-secret"
 REGION = "us-east-1"
+LOG_STORE_KEY, LOG_STORE = "spark.delta.logStore.s3a.impl", "io.sparktrickle.S3ConditionalLogStore"
 
 
 def _free_port() -> int:
@@ -112,4 +113,6 @@ class S3Server:
         }
 
     def spark_conf(self) -> dict[str, str]:
-        return {f"spark.hadoop.{k}": v for k, v in self.hadoop_conf().items()}
+        """:meth:`hadoop_conf` as Spark settings, and Delta's log store for several writing processes on S3
+        (``jars/src/io/sparktrickle/S3ConditionalLogStore.java``, built by ``./dev setup``)."""
+        return {**{f"spark.hadoop.{k}": v for k, v in self.hadoop_conf().items()}, LOG_STORE_KEY: LOG_STORE}

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from oracle import assert_matches
 
-from services.s3 import S3Server
+from services.s3 import LOG_STORE, LOG_STORE_KEY, S3Server
 
 BUCKET = f"trickle-{os.getpid()}"
 
@@ -38,6 +38,8 @@ def s3(spark: Any) -> Iterator[S3Server]:
         hadoop = spark._jsc.hadoopConfiguration()
         for k, v in server.hadoop_conf().items():
             hadoop.set(k, v)
+        # Delta reads its log store from the SparkContext's conf when it first opens an s3a:// table
+        spark._jsc.sc().conf().set(LOG_STORE_KEY, LOG_STORE)
         yield server
 
 
@@ -208,3 +210,22 @@ def test_trickle_run_on_s3_with_a_second_process_and_a_second_run(
             job.wait()
     assert not _keys(s3, "run/_trickle/leases/"), "a clean stop releases the lease"
     assert_matches(spark, st, name, query, "after the job stopped")
+
+
+def test_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path: Path) -> None:
+    """A job killed on this host (kill -9, OOM) leaves its lease behind; the supervisor's restart takes it
+    over without waiting for the expiry, while a live holder still refuses."""
+    from connectors.storage import LocalStorage
+    from pipeline.lease import Lease, LeaseHeld
+
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    crashed = Lease(LocalStorage(), str(tmp_path), "run-x.yaml", ttl=600)
+    crashed.owner["pid"] = gone
+    crashed.acquire()
+    restarted = Lease(LocalStorage(), str(tmp_path), "run-x.yaml", ttl=600)
+    restarted.acquire()
+    assert restarted.generation == 1 and sorted(os.listdir(tmp_path / "run-x.yaml")) == ["000000000001.json"]
+    with pytest.raises(LeaseHeld, match=f"pid {os.getpid()}"):
+        Lease(LocalStorage(), str(tmp_path), "run-x.yaml", ttl=600).acquire()
+    restarted.release()
