@@ -34,7 +34,6 @@ import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from connectors import debezium_schema
@@ -223,14 +222,17 @@ def _keep_unavailable(col: str, name: str) -> str:
 
 def _app_id(checkpoint: str) -> str:
     """A stable id for this stream's idempotent writes, created with (and stored next to) its checkpoint."""
-    p = Path(checkpoint.removeprefix("file:")) / "trickle_app_id"
-    if p.exists():
-        return p.read_text().strip()
-    p.parent.mkdir(parents=True, exist_ok=True)
+    from connectors.storage import Exists, for_uri, join
+
+    store, path = for_uri(checkpoint), join(checkpoint, "trickle_app_id")  # any store Spark writes (s3a://...)
+    known = store.read_text(path)
+    if known is not None:
+        return known.strip()
     app = f"trickle-mirror-{uuid.uuid4()}"
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(app)
-    tmp.replace(p)
+    try:
+        store.put_if_absent(path, app)
+    except Exists:  # created meanwhile: the first one wins
+        return (store.read_text(path) or app).strip()
     return app
 
 

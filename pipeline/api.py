@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 from typing import Any
 
@@ -138,7 +137,7 @@ class StreamTables:
         """A path into the catalog's own tables is a stream table's storage: read by path it would show the
         hidden columns, and escape the dependency order."""
         parent, name = os.path.split(os.path.normpath(location))
-        if os.path.normpath(parent) != os.path.normpath(self.catalog.root / "tables"):
+        if os.path.normpath(parent) != os.path.normpath(self.catalog.table_path("")):
             return
         if name == creating:
             raise CatalogError(f"stream table {creating} cannot read itself ({ref} is its own storage)")
@@ -235,7 +234,7 @@ class StreamTables:
         except Exception:
             self.catalog.delete(key)
             self.catalog.drop_history(key)
-            shutil.rmtree(path, ignore_errors=True)
+            self.catalog.storage.delete_tree(path)
             raise
 
     def _definition(self, key: str, query: str, schedule: str | None,
@@ -339,8 +338,8 @@ class StreamTables:
         if self.spark.catalog.tableExists(key):
             self.spark.sql(f"DROP TABLE IF EXISTS {key}")
         metastore.unpublish(self.spark, key, d.path)
-        shutil.rmtree(d.path, ignore_errors=True)
-        shutil.rmtree(self.catalog.checkpoint_path(key), ignore_errors=True)
+        self.catalog.storage.delete_tree(d.path)
+        self.catalog.storage.delete_tree(self.catalog.checkpoint_path(key))
         self.refresher._plans = {k: v for k, v in self.refresher._plans.items() if k[0] != key}
 
     def refresh_stream_table(self, name: str) -> RefreshResult:
@@ -514,7 +513,7 @@ class StreamTables:
         root = self.catalog.root
         self.spark.read.json(str(root / "stream_tables")).createOrReplaceTempView("trickle_stream_tables")
         hist = root / "history"
-        if any(hist.glob("*/*.json")):
+        if any(self.catalog.history(n, limit=1) for n in self.catalog.names()):
             self.spark.read.json(str(hist / "*" / "*.json")).createOrReplaceTempView("trickle_history")
 
     # --- IMMEDIATE mode ---

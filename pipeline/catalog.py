@@ -20,11 +20,10 @@ import json
 import os
 import re
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
+from connectors.storage import Storage, for_uri, is_local, join, location
 from pipeline.errors import CatalogError
 
 #: Refresh-history records kept per stream table (older ones are pruned as new ones are appended).
@@ -104,45 +103,46 @@ class StreamTableDef:
         return cls(**{k: v for k, v in doc.items() if k in known})
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 class Catalog:
-    """File-backed catalog rooted at a local directory (the embedded default)."""
+    """File-backed catalog rooted at a local directory (the embedded default) or at any Hadoop FileSystem URI
+    (``s3a://bucket/wh/_trickle``, ...). Its files go through :mod:`connectors.storage`: a definition is
+    replaced atomically (a temporary file and a rename on a disk; one PUT on an object store, where an object
+    appears whole), and a history record is a new file per refresh, so no two writers ever edit one file.
+    ``storage``: how to reach the root (default: from its scheme, a URI through the active Spark session)."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-        (self.root / "stream_tables").mkdir(parents=True, exist_ok=True)
-        (self.root / "history").mkdir(parents=True, exist_ok=True)
+    def __init__(self, root: str | os.PathLike[str], storage: Storage | None = None) -> None:
+        self.root = location(root)
+        self.storage = storage or for_uri(self.root)
+        if is_local(self.root):
+            (self.root / "stream_tables").mkdir(parents=True, exist_ok=True)
+            (self.root / "history").mkdir(parents=True, exist_ok=True)
         self._appended: dict[str, int] = {}
 
+    def _at(self, *parts: str) -> str:
+        return join(self.root, *parts)
+
     def table_path(self, name: str) -> str:
-        return str(self.root / "tables" / name.lower())
+        return self._at("tables", name.lower())
 
     def checkpoint_path(self, name: str) -> str:
-        return str(self.root / "checkpoints" / name.lower())
+        return self._at("checkpoints", name.lower())
 
-    def _def_file(self, name: str) -> Path:
-        return self.root / "stream_tables" / f"{name.lower()}.json"
+    def _def_file(self, name: str) -> str:
+        return self._at("stream_tables", f"{name.lower()}.json")
 
     # --- definitions ---
 
     def names(self) -> list[str]:
-        return sorted(p.stem for p in (self.root / "stream_tables").glob("*.json"))
+        return sorted(n[:-len(".json")] for n in self.storage.list(self._at("stream_tables")) if n.endswith(".json"))
 
     def exists(self, name: str) -> bool:
-        return self._def_file(name).exists()
+        return self.storage.exists(self._def_file(name))
 
     def get(self, name: str) -> StreamTableDef:
-        f = self._def_file(name)
-        try:
-            return StreamTableDef.from_json(f.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise CatalogError(f"stream table {name!r} does not exist") from None
+        text = self.storage.read_text(self._def_file(name))
+        if text is None:
+            raise CatalogError(f"stream table {name!r} does not exist")
+        return StreamTableDef.from_json(text)
 
     def all(self) -> list[StreamTableDef]:
         out = []
@@ -155,10 +155,10 @@ class Catalog:
 
     def put(self, d: StreamTableDef) -> None:
         d.updated_at = time.time()
-        _write_atomic(self._def_file(d.name), d.to_json())
+        self.storage.write_text(self._def_file(d.name), d.to_json())
 
     def delete(self, name: str) -> None:
-        self._def_file(name).unlink(missing_ok=True)
+        self.storage.delete(self._def_file(name))
 
     def dependents(self, name: str) -> list[str]:
         """Stream tables that read ``name`` directly."""
@@ -167,10 +167,13 @@ class Catalog:
 
     # --- history ---
 
+    def _history_files(self, name: str) -> list[str]:
+        return sorted(n for n in self.storage.list(self._at("history", name.lower())) if n.endswith(".json"))
+
     def append_history(self, name: str, record: dict[str, Any]) -> None:
         ts = f"{record.get('started_at', time.time()):017.6f}".replace(".", "")
-        _write_atomic(self.root / "history" / name.lower() / f"{ts}-{record['refresh_id']}.json",
-                      json.dumps(record, sort_keys=True))
+        self.storage.write_text(self._at("history", name.lower(), f"{ts}-{record['refresh_id']}.json"),
+                                json.dumps(record, sort_keys=True))
         n = self._appended[name.lower()] = self._appended.get(name.lower(), 0) + 1
         if n % HISTORY_PRUNE_EVERY == 1:
             self.prune_history(name)
@@ -179,30 +182,22 @@ class Catalog:
         """Delete all but the newest ``keep`` records (default ``HISTORY_KEEP``): a table refreshed every
         second records a NO_DATA decision every second, and the history must not grow without bound."""
         keep = HISTORY_KEEP if keep is None else keep
-        d = self.root / "history" / name.lower()
-        files = sorted(d.glob("*.json")) if d.is_dir() else []
+        files = self._history_files(name)
         old = files[:max(0, len(files) - keep)]
         for f in old:
-            f.unlink(missing_ok=True)
+            self.storage.delete(self._at("history", name.lower(), f))
         return len(old)
 
     def history(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
-        d = self.root / "history" / name.lower()
-        if not d.is_dir():
-            return []
-        files = sorted(d.glob("*.json"), reverse=True)[:limit]
-        return [json.loads(f.read_text(encoding="utf-8")) for f in files]
+        files = self._history_files(name)[::-1][:limit]
+        texts = (self.storage.read_text(self._at("history", name.lower(), f)) for f in files)
+        return [json.loads(t) for t in texts if t is not None]
 
     def has_history(self, name: str, refresh_id: str) -> bool:
-        d = self.root / "history" / name.lower()
-        return any(d.glob(f"*-{refresh_id}.json")) if d.is_dir() else False
+        return any(f.endswith(f"-{refresh_id}.json") for f in self._history_files(name))
 
     def drop_history(self, name: str) -> None:
-        d = self.root / "history" / name.lower()
-        if d.is_dir():
-            for f in d.glob("*.json"):
-                f.unlink()
-            d.rmdir()
+        self.storage.delete_tree(self._at("history", name.lower()))
 
 
 #: Longest stream table name. A name becomes file names (``stream_tables/<name>.json`` and its temporary

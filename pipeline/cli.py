@@ -261,11 +261,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def resolve_warehouse(cli_value: str | None, conf: TrickleConf | None) -> Path:
     """Warehouse precedence: ``--warehouse``, then the conf file, then ``$TRICKLE_WAREHOUSE``, then ./warehouse."""
+    from connectors.storage import location  # a URI (s3a://...) is kept as written
+
     if cli_value:
-        return Path(cli_value).expanduser().resolve()
+        return location(cli_value)  # type: ignore[return-value]
     if conf is not None and conf.warehouse is not None:
         return conf.warehouse
-    return Path(os.environ.get("TRICKLE_WAREHOUSE") or "warehouse").expanduser().resolve()
+    return location(os.environ.get("TRICKLE_WAREHOUSE") or "warehouse")  # type: ignore[return-value]
 
 
 def _load_conf(path: str) -> TrickleConf:
@@ -327,6 +329,10 @@ def register_warehouse_tables(spark: SparkSession, warehouse: Path) -> list[str]
     import re
 
     registered: list[str] = []
+    from connectors.storage import is_local
+
+    if not is_local(warehouse):
+        return _register_store_tables(spark, str(warehouse))
     if not warehouse.is_dir():
         return registered
     for folder in sorted(warehouse.iterdir()):
@@ -337,6 +343,28 @@ def register_warehouse_tables(spark: SparkSession, warehouse: Path) -> list[str]
             continue
         location = folder.resolve().as_posix().replace("\\", "\\\\").replace("'", "\\'")
         spark.sql(f"CREATE TABLE IF NOT EXISTS `{name}` USING delta LOCATION '{location}'")
+        registered.append(name)
+    return registered
+
+
+def _register_store_tables(spark: SparkSession, warehouse: str) -> list[str]:
+    """:func:`register_warehouse_tables` for a warehouse on a Hadoop file system (``s3a://...``): the same
+    folders, listed through Spark's FileSystem."""
+    import re
+
+    jvm = spark._jvm
+    root = jvm.org.apache.hadoop.fs.Path(warehouse)
+    fs = root.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(root):
+        return []
+    registered: list[str] = []
+    for status in fs.listStatus(root):
+        name = status.getPath().getName()
+        if not status.isDirectory() or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+            continue
+        if not fs.exists(jvm.org.apache.hadoop.fs.Path(status.getPath(), "_delta_log")) or spark.catalog.tableExists(name):
+            continue
+        spark.sql(f"CREATE TABLE IF NOT EXISTS `{name}` USING delta LOCATION '{status.getPath().toString()}'")
         registered.append(name)
     return registered
 
@@ -490,7 +518,7 @@ def _print_sources_status(conf: TrickleConf | None, warehouse: Path) -> None:
     from pipeline.monitor import source_rows
     from pipeline.runtime import read_sources_status
 
-    doc = read_sources_status(Path(conf.checkpoints) if conf and conf.checkpoints else warehouse / "_checkpoints")
+    doc = read_sources_status(conf.checkpoints if conf and conf.checkpoints else warehouse / "_checkpoints")
     if not doc or not doc.get("sources"):
         return
     print(f"\nKafka sources (trickle run, pid {doc.get('pid')}):")
@@ -549,6 +577,11 @@ def _cmd_run(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | Non
     stop = threading.Event()
     done = threading.Event()
     restore = _install_stop_handlers(stop)
+    from pipeline.lease import run_lease
+
+    lease = run_lease(st.catalog, args.run_conf)  # one run per conf file and warehouse (pipeline.lease)
+    lease.acquire()
+    lease.keep_renewed(lambda e: (log.error(str(e)), stop.set()))
     runtime = Runtime(st, conf, log, args.warehouse_path)
     remove_hook = _install_jvm_stop_hook(st.spark, stop, done, log)
     try:
@@ -562,6 +595,7 @@ def _cmd_run(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | Non
             done.set()
             remove_hook()
             restore()
+            lease.release()
     return EXIT_OK
 
 

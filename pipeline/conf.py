@@ -392,6 +392,10 @@ def _path_value(path: Path, key: str, value: Any, where: str | None = None) -> P
     label = f"{where}: '{key}'" if where else f"'{key}'"
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{path}: {label} must be a non-empty path string, got {value!r}")
+    from connectors.storage import Uri, is_local
+
+    if not is_local(value.strip()):  # s3a://..., hdfs://...: taken as written (see connectors.storage.Uri)
+        return Uri(value.strip())  # type: ignore[return-value]
     p = Path(value.strip()).expanduser()
     return (p if p.is_absolute() else path.parent / p).resolve()
 

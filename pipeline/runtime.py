@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from connectors.storage import for_uri, location
 from pipeline import conf_reload, fused
 from pipeline.errors import ConfigError, SourceError
 from pipeline.fused_lanes import RefreshLanes
@@ -111,8 +112,10 @@ def _in_batch(q: Any) -> bool:
 
 def read_sources_status(checkpoints: Path) -> dict[str, Any] | None:
     """The Kafka sources' state a running (or the last) ``trickle run`` wrote (None: no file)."""
+    from connectors.storage import for_uri, join
+
     try:
-        return json.loads((checkpoints / SOURCES_STATUS_FILE).read_text())
+        return json.loads(for_uri(checkpoints).read_text(join(checkpoints, SOURCES_STATUS_FILE)) or "")
     except (OSError, ValueError):
         return None
 
@@ -159,7 +162,7 @@ class Runtime:
         self.spark = st.spark
         self.conf = conf
         self.log = log  # pipeline.cli._Logger: event(what, **fields), refresh(result), error(message)
-        self.checkpoints = Path(conf.checkpoints or warehouse / "_checkpoints")
+        self.checkpoints = location(conf.checkpoints or warehouse / "_checkpoints")  # a Path or a Uri
         self.ingestion: dict[str, Any] = {}
         self.immediate: dict[str, Any] = {}
         self._sources: dict[str, tuple[Any, str, float]] = {}  # Kafka source name -> (source, checkpoint, trigger)
@@ -603,11 +606,9 @@ class Runtime:
         doc = {"pid": os.getpid(), "conf": str(self.conf.path), "updated_at": time.time(),
                "sources": [h.as_json() for h in self.health.values()]}
         try:
-            self.checkpoints.mkdir(parents=True, exist_ok=True)
-            tmp = self.checkpoints / f".{SOURCES_STATUS_FILE}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(doc, indent=1))
-            tmp.replace(self.checkpoints / SOURCES_STATUS_FILE)
-        except OSError as e:
+            for_uri(self.checkpoints, self.spark).write_text(str(self.checkpoints / SOURCES_STATUS_FILE),
+                                                             json.dumps(doc, indent=1))
+        except Exception as e:  # noqa: BLE001 - OSError on a disk, a py4j error on a store
             self.log.error(f"cannot write {self.checkpoints / SOURCES_STATUS_FILE}: {e}")
 
     def _set_status(self, name: str, status: str, reason: str) -> None:

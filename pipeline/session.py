@@ -88,7 +88,9 @@ def spark_session(
     from pyspark.sql import SparkSession
 
     settings = dict(SMALL_MACHINE_DEFAULTS)
-    wh = Path(warehouse or os.environ.get("TRICKLE_WAREHOUSE", "warehouse")).resolve()
+    from connectors.storage import location
+
+    wh = location(warehouse or os.environ.get("TRICKLE_WAREHOUSE", "warehouse"))  # a URI stays as written
     settings["spark.sql.warehouse.dir"] = str(wh)
     jars = local_jars()
     if jars:

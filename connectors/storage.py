@@ -1,0 +1,275 @@
+"""Small files on any store Spark can write: a local disk, or any Hadoop FileSystem URI (``s3a://``,
+``abfss://``, ``gs://``, ``hdfs://``).
+
+The catalog (definitions and refresh history), the run lease and a few runtime state files are small JSON
+files that every process reads and writes on the driver, without a Spark job. On a local disk they go
+through the OS. Anywhere else they go through Spark's own Hadoop FileSystem over py4j (:class:`HadoopStorage`),
+so every store the Spark session is configured for works with the same settings (``spark.hadoop.fs.s3a.*``
+and so on), and nothing else (no second client, no second set of credentials) has to be configured.
+
+What must be atomic, and how each store gets it:
+
+* **Replacing a file** (a definition after every refresh): readers must see the old or the new text, never a
+  torn one. Local: write a temporary file and ``os.replace`` it. Object stores (S3, GCS, ADLS, ...): a single
+  PUT is atomic, an object appears whole on close, so the file is written in place; there is no rename (S3
+  has none, and S3A's rename is a copy). HDFS and other file systems: temporary file, then
+  ``FileContext.rename(..., OVERWRITE)``, atomic on HDFS.
+* **Put-if-absent** (the lease, see :mod:`pipeline.lease`): the create must fail when the file exists, in
+  one step, also when two processes race. Local: ``os.link`` of a finished temporary file (fails if the
+  name exists). S3: a PUT with ``If-None-Match: *`` (S3A's ``fs.option.create.conditional.overwrite``,
+  Hadoop 3.4.2+; S3 answers 412 to the loser). HDFS, GCS and ADLS: ``create(overwrite=false)``, which their
+  connectors implement atomically (the name node; a generation precondition; ``If-None-Match``).
+* Stream tables and mirrors are Delta tables: their commits are Delta's put-if-absent of the next log
+  entry (Spark's LogStore for the scheme; delta-rs is used only for local tables, see
+  :func:`connectors.delta_rs.unusable`). On S3 with several writing processes configure Delta's multi-cluster
+  LogStore (``S3DynamoDBLogStore``) or an S3 that supports conditional writes; see the README.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Uri", "Storage", "LocalStorage", "HadoopStorage", "local_path", "is_local", "location", "join",
+           "for_uri", "Exists"]
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+#: stores where one PUT replaces an object atomically and rename is a copy: files are written in place
+OBJECT_STORES = frozenset({"s3a", "s3", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs", "oss", "cos", "r2"})
+
+
+class Exists(Exception):
+    """Put-if-absent found the file already there."""
+
+
+def local_path(uri: str | os.PathLike[str]) -> str | None:
+    """The local file system path of ``uri`` (a plain path or a ``file:`` URI), None for any other scheme."""
+    s = os.fspath(uri)
+    if s.startswith("file:"):
+        rest = s[len("file:"):]
+        return "/" + rest.lstrip("/") if rest.startswith("//") else rest
+    return None if _SCHEME.match(s) else s
+
+
+def is_local(uri: str | os.PathLike[str]) -> bool:
+    return local_path(uri) is not None
+
+
+class Uri(str):
+    """A location on a non-local store, joinable with ``/`` like a :class:`~pathlib.Path` (a ``Path`` would
+    turn ``s3a://b/k`` into ``s3a:/b/k``). Code that takes a warehouse or checkpoint folder as a ``Path``
+    keeps working for joins and ``str()``; what needs the disk itself goes through :func:`for_uri`."""
+
+    def __truediv__(self, part: str | os.PathLike[str]) -> Uri:
+        return Uri(self.rstrip("/") + "/" + os.fspath(part).lstrip("/"))
+
+    @property
+    def name(self) -> str:
+        return self.rstrip("/").rsplit("/", 1)[-1]
+
+
+def location(value: str | os.PathLike[str]) -> Path | Uri:
+    """A warehouse/checkpoint location: a resolved local :class:`Path`, or a :class:`Uri` kept as written."""
+    local = local_path(value)
+    if local is None:
+        return Uri(os.fspath(value))
+    return Path(local).expanduser().resolve()
+
+
+def join(base: str | os.PathLike[str], *parts: str) -> str:
+    """``base/part/...`` for a local path or a URI alike."""
+    out = os.fspath(base).rstrip("/")
+    for p in parts:
+        out += "/" + p.strip("/")
+    return out
+
+
+class Storage:
+    """Read, write, list and delete small files under one store. Paths are full paths or URIs."""
+
+    def read_text(self, path: str) -> str | None:
+        """The file's text, None when it does not exist."""
+        raise NotImplementedError
+
+    def write_text(self, path: str, text: str) -> None:
+        """Create or atomically replace the file (see the module docstring for how per store)."""
+        raise NotImplementedError
+
+    def put_if_absent(self, path: str, text: str) -> None:
+        """Create the file with ``text`` unless it exists, in one atomic step; :class:`Exists` if it does."""
+        raise NotImplementedError
+
+    def list(self, folder: str) -> list[str]:
+        """Names of the files directly in ``folder`` (none when it does not exist)."""
+        raise NotImplementedError
+
+    def exists(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def delete(self, path: str) -> None:
+        """Delete a file if present."""
+        raise NotImplementedError
+
+    def delete_tree(self, path: str) -> None:
+        """Delete a folder and everything below it, if present."""
+        raise NotImplementedError
+
+
+class LocalStorage(Storage):
+    """The local disk, through the OS."""
+
+    def read_text(self, path: str) -> str | None:
+        try:
+            return Path(_local(path)).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+
+    def _tmp(self, p: Path, text: str) -> Path:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        return tmp
+
+    def write_text(self, path: str, text: str) -> None:
+        p = Path(_local(path))
+        os.replace(self._tmp(p, text), p)
+
+    def put_if_absent(self, path: str, text: str) -> None:
+        p = Path(_local(path))
+        tmp = self._tmp(p, text)
+        try:
+            os.link(tmp, p)  # a hard link fails when the name exists: the whole file appears, or nothing
+        except FileExistsError:
+            raise Exists(path) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def list(self, folder: str) -> list[str]:
+        try:
+            return [e.name for e in os.scandir(_local(folder)) if e.is_file() and not e.name.startswith(".")]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(_local(path))
+
+    def delete(self, path: str) -> None:
+        Path(_local(path)).unlink(missing_ok=True)
+
+    def delete_tree(self, path: str) -> None:
+        import shutil
+
+        shutil.rmtree(_local(path), ignore_errors=True)
+
+
+def _local(path: str) -> str:
+    p = local_path(path)
+    if p is None:
+        raise ValueError(f"not a local path: {path}")
+    return p
+
+
+class HadoopStorage(Storage):
+    """Any Hadoop FileSystem URI, through the Spark session's JVM and Hadoop configuration (so the store's
+    settings are Spark's: ``spark.hadoop.fs.<scheme>.*``)."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+        self._jvm = spark._jvm
+
+    def _fs(self, path: str) -> tuple[Any, Any]:
+        hpath = self._jvm.org.apache.hadoop.fs.Path(path)
+        return hpath.getFileSystem(self.spark._jsc.hadoopConfiguration()), hpath
+
+    @staticmethod
+    def _missing(e: Exception) -> bool:
+        return "FileNotFoundException" in str(e)
+
+    def read_text(self, path: str) -> str | None:
+        fs, hpath = self._fs(path)
+        try:
+            stream = fs.open(hpath)
+        except Exception as e:
+            if self._missing(e):
+                return None
+            raise
+        try:
+            return self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+
+    def _write(self, out: Any, text: str) -> None:
+        try:
+            out.write(bytearray(text.encode("utf-8")))
+        finally:
+            out.close()  # an object store PUTs here: the object appears whole, or not at all
+
+    def write_text(self, path: str, text: str) -> None:
+        fs, hpath = self._fs(path)
+        if fs.getScheme().lower() in OBJECT_STORES:
+            self._write(fs.create(hpath, True), text)
+            return
+        tmp = self._jvm.org.apache.hadoop.fs.Path(hpath.getParent(), f".{hpath.getName()}.{uuid.uuid4().hex}.tmp")
+        self._write(fs.create(tmp, False), text)
+        fc = self._jvm.org.apache.hadoop.fs.FileContext.getFileContext(fs.getUri(),
+                                                                       self.spark._jsc.hadoopConfiguration())
+        overwrite = self.spark._gateway.new_array(self._jvm.org.apache.hadoop.fs.Options.Rename, 1)
+        overwrite[0] = self._jvm.org.apache.hadoop.fs.Options.Rename.OVERWRITE
+        fc.rename(tmp, hpath, overwrite)
+
+    def put_if_absent(self, path: str, text: str) -> None:
+        fs, hpath = self._fs(path)
+        builder = fs.createFile(hpath).overwrite(False)
+        if fs.getScheme().lower() in ("s3a", "s3"):
+            # If-None-Match: * on the PUT: the store, not a HEAD before it, decides who wins a race
+            builder = builder.must("fs.option.create.conditional.overwrite", True)
+        try:
+            self._write(builder.build(), text)
+        except Exception as e:
+            s = str(e)
+            if any(m in s for m in ("FileAlreadyExistsException", "412", "PreconditionFailed")):
+                raise Exists(path) from None
+            raise
+
+    def list(self, folder: str) -> list[str]:
+        fs, hpath = self._fs(folder)
+        try:
+            statuses = fs.listStatus(hpath)
+        except Exception as e:
+            if self._missing(e):
+                return []
+            raise
+        return [s.getPath().getName() for s in statuses
+                if s.isFile() and not s.getPath().getName().startswith(".")]
+
+    def exists(self, path: str) -> bool:
+        fs, hpath = self._fs(path)
+        return bool(fs.exists(hpath))
+
+    def delete(self, path: str) -> None:
+        fs, hpath = self._fs(path)
+        with contextlib.suppress(Exception):
+            fs.delete(hpath, False)
+
+    def delete_tree(self, path: str) -> None:
+        fs, hpath = self._fs(path)
+        with contextlib.suppress(Exception):
+            fs.delete(hpath, True)
+
+
+def for_uri(uri: str | os.PathLike[str], spark: Any = None) -> Storage:
+    """The storage for ``uri``: the OS for local paths, else the Hadoop FileSystem of ``spark`` (default: the
+    active Spark session; a URI store needs one, since its settings are Spark's)."""
+    if is_local(uri):
+        return LocalStorage()
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            raise RuntimeError(f"{uri} is on a Hadoop file system: start a Spark session configured for it first")
+    return HadoopStorage(spark)

@@ -1,0 +1,231 @@
+"""Stream tables on an object store (issue 18, points 1 and 4): everything on ``s3a://`` against a real
+S3-compatible server started here (moto's server, :mod:`services.s3`), through Hadoop's S3A connector.
+
+* A create / refresh / oracle cycle and NO_DATA with the catalog, the history, the stream table and its
+  source all in the bucket (nothing on the local disk).
+* Put-if-absent and the run lease on the store: racing creates, one winner; a held lease refuses, an expired
+  one is taken over, and the run that lost it learns so on its next renewal.
+* ``trickle run`` of a conf file whose warehouse is ``s3a://``: it refreshes on schedule while this process
+  refreshes the same stream table too (two processes, one store; the oracle compares), and a second
+  ``trickle run`` of the same file is refused with a clear error while the first one lives.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from oracle import assert_matches
+
+from services.s3 import LOG_STORE, LOG_STORE_KEY, S3Server
+
+BUCKET = f"trickle-{os.getpid()}"
+
+
+@pytest.fixture(scope="module")
+def s3(spark: Any) -> Iterator[S3Server]:
+    """A local S3 server, and the shared session's Hadoop configuration pointed at it."""
+    with S3Server() as server:
+        server.create_bucket(BUCKET)
+        hadoop = spark._jsc.hadoopConfiguration()
+        for k, v in server.hadoop_conf().items():
+            hadoop.set(k, v)
+        # Delta reads its log store from the SparkContext's conf when it first opens an s3a:// table
+        spark._jsc.sc().conf().set(LOG_STORE_KEY, LOG_STORE)
+        yield server
+
+
+def _keys(s3: S3Server, prefix: str) -> list[str]:
+    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    # keys ending in "/" are S3A's directory markers (kept when a folder's last file goes), not files
+    return [o["Key"] for page in pages for o in page.get("Contents", []) if not o["Key"].endswith("/")]
+
+
+def _s3_source(spark: Any, name: str, location: str, rows: str) -> None:
+    spark.sql(f"CREATE TABLE {name} (id INT, customer STRING, amount INT) USING delta LOCATION '{location}' "
+              "TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    spark.sql(f"INSERT INTO {name} VALUES {rows}")
+
+
+def test_create_refresh_oracle_and_no_data_on_s3(spark: Any, s3: S3Server, unique_name: Any) -> None:
+    from pipeline import StreamTables
+
+    root = f"s3a://{BUCKET}/cycle/_trickle"
+    st = StreamTables(spark, root=root)
+    src, name = unique_name("orders"), unique_name("totals")
+    _s3_source(spark, src, f"s3a://{BUCKET}/cycle/{src}", "(1, 'a', 10), (2, 'b', 20), (3, 'a', 5)")
+    query = f"SELECT customer, SUM(amount) AS total, COUNT(*) AS n FROM {src} GROUP BY customer"
+    st.create_stream_table(name, query, schedule="1m", refresh_mode="DIFFERENTIAL")
+    d = st.catalog.get(name)
+    assert d.path == f"{root}/tables/{name}" and d.sources[src].path.startswith(f"s3a://{BUCKET}/cycle/")
+    assert_matches(spark, st, name, query, "after create")
+
+    spark.sql(f"INSERT INTO {src} VALUES (4, 'c', 7), (5, 'a', 1)")
+    spark.sql(f"UPDATE {src} SET amount = amount + 100 WHERE id = 2")
+    spark.sql(f"DELETE FROM {src} WHERE id = 3")
+    result = st.refresh_stream_table(name)
+    assert result.action == "DIFFERENTIAL", result
+    assert_matches(spark, st, name, query, "after a differential refresh")
+    assert st.refresh_stream_table(name).action == "NO_DATA"
+    assert_matches(spark, st, name, query, "after NO_DATA")
+
+    # the catalog, the history and the table are objects in the bucket, and a new process's catalog reads them
+    keys = _keys(s3, "cycle/_trickle/")
+    assert f"cycle/_trickle/stream_tables/{name}.json" in keys
+    assert sum(k.startswith(f"cycle/_trickle/history/{name}/") for k in keys) == 3, keys
+    assert any(k.startswith(f"cycle/_trickle/tables/{name}/_delta_log/") for k in keys)
+    reopened = StreamTables(spark, root=root)
+    assert [h["action"] for h in reopened.history(name, limit=3)][:2] == ["NO_DATA", "DIFFERENTIAL"]
+
+    st.drop_stream_table(name)
+    assert not [k for k in _keys(s3, "cycle/_trickle/") if f"/{name}" in k]
+
+
+def test_put_if_absent_has_one_winner_on_s3(spark: Any, s3: S3Server) -> None:
+    """Eight threads create the same object at once: S3's conditional write (``If-None-Match: *``) lets
+    exactly one through, whatever the interleaving of their existence checks."""
+    from connectors.storage import Exists, HadoopStorage
+
+    store, path = HadoopStorage(spark), f"s3a://{BUCKET}/race/one.json"
+    outcome: list[str] = []
+    start = threading.Barrier(8)
+
+    def create(i: int) -> None:
+        start.wait()
+        try:
+            store.put_if_absent(path, f"writer {i}")
+            outcome.append(f"writer {i}")
+        except Exists:
+            outcome.append("exists")
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [o for o in outcome if o != "exists"]
+    assert len(outcome) == 8 and len(winners) == 1, outcome
+    assert store.read_text(path) == winners[0]
+
+
+def test_lease_on_s3_refuses_expires_and_is_lost(spark: Any, s3: S3Server) -> None:
+    from connectors.storage import HadoopStorage
+    from pipeline.lease import Lease, LeaseHeld, LeaseLost
+
+    now = [1000.0]
+    store, folder = HadoopStorage(spark), f"s3a://{BUCKET}/leases"
+    first = Lease(store, folder, "run-conf.yaml", ttl=30, clock=lambda: now[0])
+    second = Lease(store, folder, "run-conf.yaml", ttl=30, clock=lambda: now[0])
+    first.acquire()
+    with pytest.raises(LeaseHeld, match=r"another 'trickle run' of run-conf.yaml is running .*pid"):
+        second.acquire()
+    now[0] += 20
+    first.renew()  # renewed: 30 s from now again
+    now[0] += 20
+    with pytest.raises(LeaseHeld):
+        second.acquire()
+    now[0] += 31  # the first run stalled (or crashed): its lease expired
+    second.acquire()
+    with pytest.raises(LeaseLost, match="taken over"):
+        first.renew()
+    second.release()
+    assert not _keys(s3, "leases/run-conf.yaml/")
+    first.acquire()  # a released lease is free at once
+    first.release()
+
+
+def _conf(tmp: Path, s3: S3Server, warehouse: str, src: str, name: str, query: str) -> Path:
+    import yaml
+
+    spark_conf = {**s3.spark_conf(), "spark.master": "local[1]", "spark.sql.shuffle.partitions": "1",
+                  "spark.ui.enabled": "false"}
+    doc = {"spark": spark_conf, "warehouse": warehouse,
+           "sources": [{"name": src, "kind": "delta", "path": f"{warehouse}/{src}"}],
+           "stream_tables": [{"name": name, "query": query, "schedule": "1s", "refresh_mode": "DIFFERENTIAL"}],
+           "runtime": {"tick_seconds": 0.5}}
+    path = tmp / "s3_pipeline.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _start(conf: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", str(conf)], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_trickle_run_on_s3_with_a_second_process_and_a_second_run(
+        spark: Any, s3: S3Server, unique_name: Any, tmp_path: Path) -> None:
+    from pipeline import StreamTables
+
+    warehouse = f"s3a://{BUCKET}/run"
+    src, name = unique_name("orders"), unique_name("totals")
+    _s3_source(spark, src, f"{warehouse}/{src}", "(1, 'a', 10), (2, 'b', 20)")
+    query = f"SELECT customer, SUM(amount) AS total, COUNT(*) AS n FROM {src} GROUP BY customer"
+    conf = _conf(tmp_path, s3, warehouse, src, name, query)
+    log = tmp_path / "run.log"
+    job = _start(conf, log)
+    try:
+        st = StreamTables(spark, root=f"{warehouse}/_trickle")
+        deadline = time.time() + 240
+        while not (st.catalog.exists(name) and st.catalog.history(name, limit=1)):
+            assert job.poll() is None, f"the job exited: {log.read_text()[-3000:]}"
+            assert time.time() < deadline, f"the job did not create {name}: {log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        assert any(k.startswith("run/_trickle/leases/run-s3_pipeline.yaml/") for k in _keys(s3, "run/_trickle/"))
+
+        # a second run of the same conf file, while the first lives: refused, with who holds it
+        second = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", str(conf)], capture_output=True,
+                                text=True, timeout=300)
+        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+        assert "another 'trickle run' of run-s3_pipeline.yaml is running" in second.stderr, second.stderr[-2000:]
+
+        # this process refreshes the same stream table while the job refreshes it every second
+        for i in range(3):
+            base = 10 + 3 * i
+            spark.sql(f"INSERT INTO {src} VALUES ({base}, 'c{i % 2}', {i}), ({base + 1}, 'a', {i + 1})")
+            spark.sql(f"UPDATE {src} SET amount = amount + 1 WHERE id = {base - 3 if i else 1}")
+            if i % 2:
+                spark.sql(f"DELETE FROM {src} WHERE id = {base + 1}")
+            st.refresh_stream_table(name)
+            assert job.poll() is None, f"the job exited: {log.read_text()[-3000:]}"
+        st.refresh_stream_table(name)
+        assert_matches(spark, st, name, query, "after concurrent refreshes from two processes")
+        actions = {h["action"] for h in st.history(name, limit=200)}
+        assert "DIFFERENTIAL" in actions, actions
+        job.send_signal(signal.SIGTERM)
+        rc = job.wait(120)
+        assert rc == 0, f"SIGTERM must stop the job cleanly: {log.read_text()[-3000:]}"
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert not _keys(s3, "run/_trickle/leases/"), "a clean stop releases the lease"
+    assert_matches(spark, st, name, query, "after the job stopped")
+
+
+def test_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path: Path) -> None:
+    """A job killed on this host (kill -9, OOM) leaves its lease behind; the supervisor's restart takes it
+    over without waiting for the expiry, while a live holder still refuses."""
+    from connectors.storage import LocalStorage
+    from pipeline.lease import Lease, LeaseHeld
+
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    crashed = Lease(LocalStorage(), str(tmp_path), "run-x.yaml", ttl=600)
+    crashed.owner["pid"] = gone
+    crashed.acquire()
+    restarted = Lease(LocalStorage(), str(tmp_path), "run-x.yaml", ttl=600)
+    restarted.acquire()
+    assert restarted.generation == 1 and sorted(os.listdir(tmp_path / "run-x.yaml")) == ["000000000001.json"]
+    with pytest.raises(LeaseHeld, match=f"pid {os.getpid()}"):
+        Lease(LocalStorage(), str(tmp_path), "run-x.yaml", ttl=600).acquire()
+    restarted.release()
