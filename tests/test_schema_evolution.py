@@ -338,3 +338,6 @@ def test_mirror_follows_added_and_widened_columns_and_dead_letters_a_type_change
     assert "BIGINT column cannot hold" in dead[0]["error"], dead[0]["error"]
     problem = kafka_mirror.schema_problem(mirror)
     assert problem is not None and "column v" in problem
+    # a restart takes the columns from the mirror and the key from its property, without reading the topic
+    again = kafka_mirror.discover_schema(spark, mirror, "t", "127.0.0.1:1", {})
+    assert again.key == ("id",) and again.columns == (("id", "int"), ("v", "bigint"), ("note", "string"))
