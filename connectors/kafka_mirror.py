@@ -280,8 +280,8 @@ def transaction_marks(events: Iterable[tuple[str | None, int | None, int, int]])
     return [[t, top[t]] for t in sorted(first, key=first.__getitem__)]
 
 
-def _apply_on_driver(batch: Any, batch_id: int, src: KafkaSource, app_id: str,
-                     meta: dict[str, Any], conflicts: Conflicts | None = None) -> dict[str, int] | None:
+def _apply_on_driver(batch: Any, batch_id: int, src: KafkaSource, app_id: str, meta: dict[str, Any],
+                     followed: list[tuple[KafkaSource, Conflicts]] | None = None) -> dict[str, int] | None:
     """Apply a small micro-batch without Spark's MERGE: one job hands its Kafka records to the driver, which
     decodes and nets them and commits them to the mirror with delta-rs, in one idempotent commit. Why: Spark's
     MERGE costs a second or more of jobs even for ten events, which was half of the time from producer to
@@ -306,6 +306,16 @@ def _apply_on_driver(batch: Any, batch_id: int, src: KafkaSource, app_id: str,
     raw = batch.select("key", "value", "topic", "partition", "offset").limit(limit + 1).toArrow()
     if raw.num_rows > limit:
         return None
+    conflicts: Conflicts = {}
+    if src.evolve:  # the events' schemas from the records in hand: no job of its own
+        before = src.schema.columns
+        src, conflicts = _follow_schema(batch, src, raw.column("value").to_pylist())
+        if followed is not None:
+            followed.append((src, conflicts))
+        if src.schema.columns != before:  # the mirror has a new version, maybe new table features
+            version = log.latest_version()
+            if version is None or delta_rs.unusable(path, log.protocol(version)) is not None:
+                return None
     arrow_schema = to_arrow_schema(_decoded_schema(spark, src.schema))
     cols = _decode_records(raw.to_pydict(), src.schema, [f.name for f in arrow_schema], conflicts)
     if any(op in ("!", "t") for op in cols["__op"]):
@@ -343,12 +353,13 @@ def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dic
     from pyspark.sql.pandas.types import to_arrow_schema
 
     meta: dict[str, Any] = {"trickle_mirror": {"source": src.name, "batch_id": batch_id}}
-    conflicts: Conflicts = {}
-    if src.evolve:
-        src, conflicts = _follow_schema(batch, src)
-    done = _apply_on_driver(batch, batch_id, src, app_id, meta, conflicts)
+    followed: list[tuple[KafkaSource, Conflicts]] = []
+    done = _apply_on_driver(batch, batch_id, src, app_id, meta, followed)
     if done is not None:
         return done
+    conflicts: Conflicts = {}
+    if src.evolve:
+        src, conflicts = followed[0] if followed else _follow_schema(batch, src)
     spark = batch.sparkSession
     out_schema = _decoded_schema(spark, src.schema)
     decoded = (batch.select("key", "value", "topic", "partition", "offset")
@@ -446,15 +457,47 @@ def mirror_columns(spark: Any, name: str) -> list[tuple[str, str]]:
     return meta.columns()
 
 
-def _follow_schema(batch: Any, src: KafkaSource) -> tuple[KafkaSource, Conflicts]:
-    """Bring the mirror's columns up to the batch's event schemas (one small job reads their distinct Connect
-    schemas): add the columns PostgreSQL added, widen the ones it widened (Delta type widening); return the
-    source with the mirror's columns, and the column types the mirror cannot take (those events become dead
-    letters). Idempotent: a replayed batch finds the columns already there."""
+def _distinct_schemas(values: Iterable[bytes | None]) -> list[Any]:
+    """The distinct Connect schemas of JsonConverter records, each parsed once: the converter writes the
+    schema first (``{"schema":...,"payload":...}``), so records are told apart by the bytes before their
+    payload; a record laid out otherwise is parsed whole."""
+    marker = b',"payload":'
+    heads: set[bytes] = set()
+    out: list[Any] = []
+    for v in values:
+        if not v:
+            continue
+        at = v.find(marker)
+        head = v[:at] if at > 0 else v
+        if head in heads:
+            continue
+        heads.add(head)
+        try:
+            doc = json.loads(head + b"}" if at > 0 else head)
+        except ValueError:
+            try:
+                doc = json.loads(v)
+            except ValueError:
+                continue  # the decoder dead-letters it
+        if isinstance(doc, dict) and isinstance(doc.get("schema"), dict):
+            out.append(doc["schema"])
+    return out
+
+
+def _follow_schema(batch: Any, src: KafkaSource, values: list[bytes | None] | None = None
+                   ) -> tuple[KafkaSource, Conflicts]:
+    """Bring the mirror's columns up to the batch's event schemas (from the raw ``values`` when the caller
+    holds them, else one small job reads their distinct Connect schemas): add the columns PostgreSQL added,
+    widen the ones it widened (Delta type widening); return the source with the mirror's columns, and the
+    column types the mirror cannot take (those events become dead letters). Idempotent: a replayed batch
+    finds the columns already there."""
     spark = batch.sparkSession
-    found = (batch.selectExpr("get_json_object(CAST(value AS STRING), '$.schema') AS s").where("s IS NOT NULL")
-             .distinct().collect())
-    schemas = [json.loads(r["s"]) for r in found]
+    if values is not None:
+        schemas = _distinct_schemas(values)
+    else:
+        found = (batch.selectExpr("get_json_object(CAST(value AS STRING), '$.schema') AS s")
+                 .where("s IS NOT NULL").distinct().collect())
+        schemas = [json.loads(r["s"]) for r in found]
     columns = mirror_columns(spark, src.name)
     ev = debezium_schema.evolve(columns, schemas, src.name)
     if ev.widened:

@@ -74,6 +74,17 @@ def test_compare_decides_each_kind_of_change() -> None:
     assert star.action == "REINITIALIZE" and "selects *" in star.reason
 
 
+def test_distinct_schemas_of_raw_records() -> None:
+    from connectors.kafka_mirror import _distinct_schemas
+
+    events = [_event("c", {"id": i, "v": i}, {"id": INT32, "v": INT32}, i)[1] for i in range(3)]
+    events.append(_event("c", {"id": 9, "v": "x"}, {"id": INT32, "v": STRING}, 9)[1])
+    spaced = json.dumps(json.loads(events[-1])).encode()  # not laid out as the converter does: parsed whole
+    found = _distinct_schemas([*events, spaced, None, b"not json"])
+    assert len(found) == 3 and found[0] == json.loads(events[0])["schema"]
+    assert found[1] == found[2] == json.loads(events[-1])["schema"]
+
+
 def test_read_columns_and_star() -> None:
     import dvm
     from pipeline.source_schema import read_columns, selects_star
@@ -274,7 +285,9 @@ def _event(op: str, row: dict[str, Any], types: dict[str, dict[str, Any]], lsn: 
     payload = {"before": None if op != "d" else row, "after": None if op == "d" else row,
                "source": {"lsn": lsn}, "op": op, "ts_ms": lsn}
     key = {"schema": {"type": "struct", "fields": [{"type": "int32", "field": "id"}]}, "payload": {"id": row["id"]}}
-    return json.dumps(key).encode(), json.dumps({"schema": schema, "payload": payload}).encode()
+    compact = (",", ":")  # as Kafka's JsonConverter writes it
+    return (json.dumps(key, separators=compact).encode(),
+            json.dumps({"schema": schema, "payload": payload}, separators=compact).encode())
 
 
 def test_mirror_follows_added_and_widened_columns_and_dead_letters_a_type_change(
@@ -338,3 +351,6 @@ def test_mirror_follows_added_and_widened_columns_and_dead_letters_a_type_change
     assert "BIGINT column cannot hold" in dead[0]["error"], dead[0]["error"]
     problem = kafka_mirror.schema_problem(mirror)
     assert problem is not None and "column v" in problem
+    # a restart takes the columns from the mirror and the key from its property, without reading the topic
+    again = kafka_mirror.discover_schema(spark, mirror, "t", "127.0.0.1:1", {})
+    assert again.key == ("id",) and again.columns == (("id", "int"), ("v", "bigint"), ("note", "string"))
