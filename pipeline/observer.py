@@ -61,9 +61,11 @@ class Observer:
         return self
 
     def stop(self) -> None:
+        """Stop looking; does not wait for a look stuck on brokers that went away (closing its admin client
+        below aborts that call), so a run with a dead broker still stops at once."""
         self._halt.set()
         if self._thread is not None:
-            self._thread.join(30)
+            self._thread.join(2.0)
         self.alerter.flush()
         self.metrics.close()
         for probe in self._end_offsets.values():
