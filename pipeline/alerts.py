@@ -8,16 +8,19 @@ monitor) and is re-armed when the condition clears: a table that leaves ERROR an
 The first look at a condition counts as a transition, so a run started over a table already in ERROR says
 so once.
 
-Delivery never stops the pipeline: the POST runs in a thread of its own with a timeout, and a webhook that
-fails or does not answer gives an error line (and nothing else).
+Delivery never stops the pipeline: POSTs run in a thread of their own, one after the other in the order the
+alerts fired, each with a timeout, and a webhook that fails or does not answer gives an error line (and
+nothing else).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import queue
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -43,7 +46,8 @@ class Alerter:
     error: Callable[[str], None] | None = None
     _active: set[tuple[str, str]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _threads: list[threading.Thread] = field(default_factory=list)
+    _queue: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    _worker: threading.Thread | None = None
 
     def check(self, kind: str, subject: str, condition: bool, **fields: Any) -> dict[str, Any] | None:
         """Fire ``kind`` for ``subject`` (a table or source name) when ``condition`` became true since the
@@ -72,10 +76,20 @@ class Alerter:
         else:
             print(line, flush=True)
         if self.webhook:
-            t = threading.Thread(target=self._post, args=(alert,), name="trickle-alert", daemon=True)
-            self._threads = [x for x in self._threads if x.is_alive()] + [t]
-            t.start()
+            with self._lock:
+                if self._worker is None or not self._worker.is_alive():
+                    self._worker = threading.Thread(target=self._deliver, name="trickle-alerts", daemon=True)
+                    self._worker.start()
+            self._queue.put(alert)
         return alert
+
+    def _deliver(self) -> None:
+        while True:
+            alert = self._queue.get()
+            try:
+                self._post(alert)
+            finally:
+                self._queue.task_done()
 
     def _post(self, alert: Mapping[str, Any]) -> None:
         try:
@@ -88,10 +102,11 @@ class Alerter:
             else:
                 print(f"error: {message}", file=sys.stderr, flush=True)
 
-    def flush(self, timeout_s: float = WEBHOOK_TIMEOUT_S) -> None:
-        """Wait for the POSTs in flight (at stop, so the last alerts are not cut off)."""
-        for t in list(self._threads):
-            t.join(timeout_s)
+    def flush(self, timeout_s: float = 2 * WEBHOOK_TIMEOUT_S) -> None:
+        """Wait (at most ``timeout_s``) for the POSTs queued, at stop, so the last alerts are not cut off."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def post_json(url: str, doc: Mapping[str, Any], timeout_s: float = WEBHOOK_TIMEOUT_S) -> int:

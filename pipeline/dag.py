@@ -163,9 +163,11 @@ def _draw_matplotlib(g: Graph, out: Path) -> None:
     pos = {n: (float(x), -float(i) + (len(col) - 1) / 2) for x, col in columns.items() for i, n in enumerate(col)}
     tall = max((len(c) for c in columns.values()), default=1)
     fig, ax = plt.subplots(figsize=(3.2 * (len(columns) or 1) + 1, 1.1 * tall + 1))
-    for s, r in g.edges:
-        ax.annotate("", xy=pos[r], xytext=pos[s],
-                    arrowprops={"arrowstyle": "-|>", "color": "#555", "shrinkA": 38, "shrinkB": 38})
+    for s, r in g.edges:  # from the right edge of the source's box to the left edge of the reader's
+        (xs, ys), (xr, yr) = pos[s], pos[r]
+        ax.annotate("", xy=(xr - 0.27, yr), xytext=(xs + 0.27, ys), zorder=5,
+                    arrowprops={"arrowstyle": "-|>", "color": "#555", "shrinkA": 0, "shrinkB": 0,
+                                "mutation_scale": 14})
     colors = {"stream table": "#dbe9f6", "kafka": "#fde9c9", "delta": "#eeeeee"}
     for n, (x, y) in pos.items():
         node = g.nodes[n]

@@ -49,6 +49,7 @@ class Observer:
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_error: str | None = None
+        self._lag_failing: set[str] = set()  # Kafka sources whose end offsets could not be read
         self.rows: list[dict[str, Any]] = []  # the newest look's table rows
 
     def start(self) -> Observer:
@@ -61,9 +62,11 @@ class Observer:
         return self
 
     def stop(self) -> None:
+        """Stop looking; does not wait for a look stuck on brokers that went away (closing its admin client
+        below aborts that call), so a run with a dead broker still stops at once."""
         self._halt.set()
         if self._thread is not None:
-            self._thread.join(30)
+            self._thread.join(2.0)
         self.alerter.flush()
         self.metrics.close()
         for probe in self._end_offsets.values():
@@ -163,11 +166,14 @@ class Observer:
         try:
             end = sum(probe(src.topic).values())
         except Exception as e:  # noqa: BLE001 - brokers away: the source's DOWN state says it too
-            message = f"monitor: cannot read the end offsets of topic {src.topic}: {type(e).__name__}: {e}"
-            if message != self._last_error:
-                self.rt.log.error(message[:500])
-                self._last_error = message
+            if name not in self._lag_failing:  # once per outage
+                from connectors.kafka_mirror import _java_error
+
+                self._lag_failing.add(name)
+                self.rt.log.error(f"monitor: no Kafka lag for source {name} until its brokers answer: cannot read "
+                                  f"the end offsets of topic {src.topic} ({_java_error(e)[:300]})")
             return None, None
+        self._lag_failing.discard(name)
         clock = self._lag.setdefault(name, monitor.KafkaLag())
         clock.observe(now, end)
         offsets, seconds = clock.lag(now, consumed, end)

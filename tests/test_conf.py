@@ -771,7 +771,7 @@ def test_query_file_is_read_relative_to_the_conf(tmp_path: Path) -> None:
             stream_table(refresh="FULL"),
             (
                 "unknown key 'refresh' at stream_tables[0] 'totals'",
-                "allowed: name, query, query_file, refresh_mode",
+                "allowed: max_staleness, name, query, query_file, refresh_mode",
             ),
         ),
     ],

@@ -210,3 +210,11 @@ def test_cli_options_of_the_operator_commands() -> None:
     assert p.parse_args(["run", "c.yaml"]).metrics_port is None  # the conf's runtime.metrics_port then
     assert p.parse_args(["refresh", "t", "--progress"]).progress
     assert p.parse_args(["create", "t", "--query", "SELECT 1", "--progress"]).progress
+
+
+def test_dag_png_with_matplotlib_when_graphviz_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib comes with the bench extra")
+    monkeypatch.setattr(dag.shutil, "which", lambda _name: None)
+    g = dag.build([_def("t", ["s"]), _def("u", ["t", "s"], status="ERROR")])
+    assert dag.write(g, tmp_path / "g.png") == "matplotlib"
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
