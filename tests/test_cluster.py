@@ -11,6 +11,7 @@ folder outside the repository, with no PYTHONPATH: the job can only import the p
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -162,6 +163,9 @@ def test_kafka_immediate_table_through_spark_submit_on_a_cluster(
 
     warehouse = tmp_path / "wh"
     conf = {
+        # every micro-batch is decoded by mapInArrow in the executors' Python workers, none on the driver
+        # (by default a small batch is decoded on the driver, and the executors would import nothing)
+        "spark": {"trickle.ingest.driverBelowRows": 0},
         "warehouse": str(warehouse),
         "checkpoints": str(tmp_path / "checkpoints"),
         "sources": [{"name": "orders", "kind": "kafka", "topic": topic, "bootstrap_servers": broker.bootstrap,
@@ -193,3 +197,9 @@ def test_kafka_immediate_table_through_spark_submit_on_a_cluster(
     assert rc in (0, 143), f"the job did not stop cleanly on SIGTERM (exit {rc}):\n{out[-3000:]}"
     assert _executors_started(out) >= 2, f"no executors in other processes:\n{out[-2000:]}"
     assert "spark_trickle.zip" in out, "the zip was not shipped with the job"
+    # the events were decoded in the executors' Python workers (mapInArrow), which import connectors from
+    # the zip: their interpreter has no other copy
+    (app,) = re.findall(r"Connected to Spark cluster with app ID (app-[\d-]+)", out)
+    logs = sorted((shipped["home"] / "work" / app).glob("*/stderr"))
+    decoded = [p for p in logs if "MapInBatchEvaluator" in p.read_text(errors="replace")]
+    assert decoded, f"no executor of {app} ran a Python worker: {logs}"
