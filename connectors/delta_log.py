@@ -224,6 +224,7 @@ class DeltaLog:
             _PROTOCOL_SEEN[self.path] = (version, seen[1])
             return seen[1]
         names: set[str] | None = None
+        listed = False
         for v in range(version, max(-1, version - 50), -1):
             found = None
             text = self._read(f"{v:020d}.crc")
@@ -239,6 +240,9 @@ class DeltaLog:
                 # delta.checkpointInterval commits, 100 by default, and no checksum files)
                 names = names if names is not None else self._checkpoint_names()
                 found = self._checkpoint_action(v, names, "protocol")
+                if not isinstance(found, dict) and not listed and not self.actions(v):  # below the log's
+                    names, listed = set(self._list()), True  # first commit: an older checkpoint may hold it
+                    found = self._checkpoint_action(v, names, "protocol")
             if isinstance(found, dict):
                 _PROTOCOL_SEEN[self.path] = (v, found)
                 return found
@@ -287,10 +291,13 @@ class DeltaLog:
                 if m is not None:
                     return self._remember(version, m)
             return self._remember(version, seen[2])
-        names = self._checkpoint_names()
+        names, listed = self._checkpoint_names(), False
         for v in range(version, -1, -1):
             m = self._meta_action(v)
             if m is None:
+                m = self._checkpoint_meta(v, names)
+            if m is None and not listed and not self.actions(v):  # below the log's first commit: an older
+                names, listed = set(self._list()), True  # checkpoint than the last one may hold it
                 m = self._checkpoint_meta(v, names)
             if m is not None:
                 return self._remember(version, m)

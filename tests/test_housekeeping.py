@@ -166,3 +166,18 @@ def test_change_history_removed_by_log_retention(spark: Any, st: Any, make_sourc
         st.refresh_stream_table(diff_t)
     status = {s["name"]: s for s in st.status()}
     assert status[diff_t]["status"] == "ERROR" and src in status[diff_t]["last_error"]
+
+
+def test_history_stays_bounded(tmp_path: Any, monkeypatch: Any) -> None:
+    """A table refreshed every second records a decision every second: the catalog keeps the newest
+    ``HISTORY_KEEP`` records, pruning every ``HISTORY_PRUNE_EVERY`` appends, so the history never holds
+    more than their sum, and the newest records survive."""
+    from pipeline import catalog
+
+    monkeypatch.setattr(catalog, "HISTORY_KEEP", 30)
+    cat = catalog.Catalog(tmp_path / "trickle")
+    for i in range(450):
+        cat.append_history("busy", {"refresh_id": f"r{i:04d}", "started_at": 1_000_000.0 + i, "action": "NO_DATA"})
+        held = len(os.listdir(tmp_path / "trickle" / "history" / "busy"))
+        assert held <= catalog.HISTORY_KEEP + catalog.HISTORY_PRUNE_EVERY, (i, held)
+    assert [r["refresh_id"] for r in cat.history("busy", limit=3)] == ["r0449", "r0448", "r0447"]
