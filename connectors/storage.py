@@ -71,6 +71,9 @@ class Uri(str):
     def name(self) -> str:
         return self.rstrip("/").rsplit("/", 1)[-1]
 
+    def as_posix(self) -> str:
+        return str(self)
+
 
 def location(value: str | os.PathLike[str]) -> Path | Uri:
     """A warehouse/checkpoint location: a resolved local :class:`Path`, or a :class:`Uri` kept as written."""
