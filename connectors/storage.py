@@ -21,8 +21,9 @@ What must be atomic, and how each store gets it:
   connectors implement atomically (the name node; a generation precondition; ``If-None-Match``).
 * Stream tables and mirrors are Delta tables: their commits are Delta's put-if-absent of the next log
   entry (Spark's LogStore for the scheme; delta-rs is used only for local tables, see
-  :func:`connectors.delta_rs.unusable`). On S3 with several writing processes configure Delta's multi-cluster
-  LogStore (``S3DynamoDBLogStore``) or an S3 that supports conditional writes; see the README.
+  :func:`connectors.delta_rs.unusable`). On S3 with several writing processes set
+  ``spark.delta.logStore.s3a.impl=io.sparktrickle.S3ConditionalLogStore`` (``jars/src``): Delta's default S3
+  log store checks-then-writes, atomic within one JVM only; ours writes each entry with ``If-None-Match``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class Uri(str):
     @property
     def name(self) -> str:
         return self.rstrip("/").rsplit("/", 1)[-1]
+
+    def as_posix(self) -> str:
+        return str(self)
 
 
 def location(value: str | os.PathLike[str]) -> Path | Uri:

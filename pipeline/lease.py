@@ -165,5 +165,5 @@ class Lease:
 def run_lease(catalog: Any, conf_path: str | os.PathLike[str], ttl: float | None = None) -> Lease:
     """The lease of ``trickle run <conf_path>`` on ``catalog``'s store: named by the conf file's name, so the
     same file run twice against one warehouse (from any machine) conflicts."""
-    name = "run-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(os.fspath(conf_path)))
+    name = "run-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(os.fspath(conf_path)))
     return Lease(catalog.storage, join(catalog.root, "leases"), name, ttl=ttl)
