@@ -61,7 +61,7 @@ def publish(spark: Any, name: str, path: str) -> str | None:
         return None
     qualified = f"`{db}`.`{name}`"
     spark.sql(f"CREATE DATABASE IF NOT EXISTS `{db}`")
-    if spark.catalog.tableExists(name, db):
+    if spark.catalog.tableExists(f"{db}.{name}"):
         where = _location(spark, qualified)
         if not _same_location(where, path):
             raise CatalogError(f"{db}.{name} already exists in the metastore over {where}, which is not the "
@@ -75,7 +75,7 @@ def unpublish(spark: Any, name: str, path: str | None = None) -> None:
     """Drop ``<database>.<name>`` from the metastore when it is the registration of the stream table stored
     at ``path`` (an external table: dropping it leaves the files, which are the caller's to delete)."""
     db = database(spark)
-    if db is None or not spark.catalog.tableExists(name, db):
+    if db is None or not spark.catalog.tableExists(f"{db}.{name}"):
         return
     qualified = f"`{db}`.`{name}`"
     if path is not None and not _same_location(_location(spark, qualified), path):

@@ -63,8 +63,9 @@ def _submit(shipped: dict[str, Any], args: list[str], log: Path) -> subprocess.P
            "--jars", ",".join(jars), "--py-files", str(shipped["zip"]), str(shipped["job"]), *args]
     env = clean_env(SPARK_HOME=str(home), PYSPARK_PYTHON=str(shipped["python"]),
                     PYSPARK_DRIVER_PYTHON=str(shipped["python"]))
-    return subprocess.Popen(cmd, cwd=shipped["work"], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    with log.open("wb") as sink:  # the child keeps its own handle
+        return subprocess.Popen(cmd, cwd=shipped["work"], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def _executors_started(log_text: str) -> int:

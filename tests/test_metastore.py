@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cluster_env import PROJECT_ROOT, clean_env, spark_home
 
 WRITER = r'''
@@ -93,3 +94,41 @@ def test_stream_tables_are_named_tables_another_application_reads(tmp_path: Path
     assert tables == ["order_totals"], f"analytics should hold order_totals only (big_orders was dropped): {rows}"
     assert Counter(map(tuple, data)) == Counter(map(tuple, oracle)), (
         f"analytics.order_totals read by spark-sql differs from the query:\n{data}\n!=\n{oracle}")
+
+
+def test_metastore_database_follows_create_and_drop_and_refuses_a_foreign_table(
+    spark: Any, st: Any, make_source: Any, unique_name: Any, tmp_path: Path
+) -> None:
+    """The same registration on the test session's in-memory catalog: ``<db>.<name>`` appears with the
+    stream table and goes with it, a bad database name is a clear error, and a table of that name over
+    other files is never taken over (the create fails and leaves nothing behind)."""
+    from pipeline import StreamTables
+    from pipeline.errors import CatalogError
+    from pipeline.metastore import DATABASE_KEY
+
+    db = unique_name("analytics")
+    src = make_source("orders", "id INT, amount DOUBLE", rows=[(1, 2.0), (2, 3.5)])
+    spark.conf.set(DATABASE_KEY, db)
+    try:
+        name = unique_name("big")
+        st.create_stream_table(name, f"SELECT id, amount FROM {src} WHERE amount > 3", refresh_mode="DIFFERENTIAL")
+        assert [tuple(r) for r in spark.sql(f"SELECT id, amount FROM {db}.{name}").collect()] == [(2, 3.5)]
+        spark.sql(f"INSERT INTO {src} VALUES (3, 9.0)")
+        st.refresh_stream_table(name)
+        assert sorted(r.id for r in spark.sql(f"SELECT id FROM {db}.{name}").collect()) == [2, 3]
+        StreamTables(spark, root=str(tmp_path / "trickle"))  # a restart finds it registered: no error
+        st.drop_stream_table(name)
+        assert not spark.catalog.tableExists(f"{db}.{name}")
+
+        foreign = unique_name("taken")
+        spark.sql(f"CREATE TABLE {db}.{foreign} USING delta LOCATION '{tmp_path / 'elsewhere'}' AS SELECT 1 AS x")
+        with pytest.raises(CatalogError, match="not the stream table"):
+            st.create_stream_table(foreign, f"SELECT id FROM {src}")
+        assert not st.catalog.exists(foreign) and not spark.catalog.tableExists(foreign)
+        assert [tuple(r) for r in spark.sql(f"SELECT x FROM {db}.{foreign}").collect()] == [(1,)]
+
+        spark.conf.set(DATABASE_KEY, "bad-name; DROP")
+        with pytest.raises(CatalogError, match="is not a database name"):
+            st.create_stream_table(unique_name("x"), f"SELECT id FROM {src}")
+    finally:
+        spark.conf.unset(DATABASE_KEY)
