@@ -511,7 +511,9 @@ class StreamTables:
     def register_catalog_views(self) -> None:
         """Temp views ``trickle_stream_tables`` and ``trickle_history`` for querying the catalog in SQL."""
         root = self.catalog.root
-        self.spark.read.json(str(root / "stream_tables")).createOrReplaceTempView("trickle_stream_tables")
+        # a definition file is indented JSON (one document over many lines): multiLine
+        self.spark.read.option("multiLine", "true").json(str(root / "stream_tables")).createOrReplaceTempView(
+            "trickle_stream_tables")
         hist = root / "history"
         if any(self.catalog.history(n, limit=1) for n in self.catalog.names()):
             self.spark.read.json(str(hist / "*" / "*.json")).createOrReplaceTempView("trickle_history")

@@ -47,6 +47,12 @@ SMALL_MACHINE_DEFAULTS: dict[str, str] = {
 }
 
 
+#: jars put on the JVMs' classpath in place instead of shipped with ``spark.jars``: the AWS SDK bundle is
+#: 640 MB, and every session copied each ``spark.jars`` entry into its own scratch folder (seconds and
+#: 640 MB of disk per session). On a cluster, install them on the nodes or pass them to spark-submit.
+CLASSPATH_ONLY_JARS = ("bundle-", "hadoop-aws-")
+
+
 def jars_dir() -> Path:
     """Where set-up put the Delta and Kafka jars (``jars/lib``); ``TRICKLE_JARS_DIR`` overrides it."""
     return Path(os.environ.get("TRICKLE_JARS_DIR", PROJECT_ROOT / "jars" / "lib"))
@@ -92,9 +98,13 @@ def spark_session(
 
     wh = location(warehouse or os.environ.get("TRICKLE_WAREHOUSE", "warehouse"))  # a URI stays as written
     settings["spark.sql.warehouse.dir"] = str(wh)
-    jars = local_jars()
+    jars = [j for j in local_jars() if not Path(j).name.startswith(CLASSPATH_ONLY_JARS)]
     if jars:
         settings["spark.jars"] = ",".join(jars)
+    big = [j for j in local_jars() if Path(j).name.startswith(CLASSPATH_ONLY_JARS)]
+    if big:  # read in place: driver and executors on this machine (local, local-cluster, a local worker)
+        for key in ("spark.driver.extraClassPath", "spark.executor.extraClassPath"):
+            settings[key] = os.pathsep.join(big)
     for k in _launcher_settings(settings):
         del settings[k]  # spark-submit's --master / --conf / --jars win over our defaults
     for k, v in (conf or {}).items():

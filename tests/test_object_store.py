@@ -229,3 +229,13 @@ def test_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path: Path) -
     with pytest.raises(LeaseHeld, match=f"pid {os.getpid()}"):
         Lease(LocalStorage(), str(tmp_path), "run-x.yaml", ttl=600).acquire()
     restarted.release()
+
+
+def test_catalog_views_over_the_catalog_files(spark: Any, st: Any, make_source: Any, unique_name: Any) -> None:
+    """``register_catalog_views`` reads the definitions and history files it finds through the catalog's
+    storage (a local root here; the same Spark JSON reads on a URI)."""
+    src, name = make_source("orders", "id INT, v INT", rows=[(1, 10), (2, 20)]), unique_name("sums")
+    st.create_stream_table(name, f"SELECT SUM(v) AS total FROM {src}", schedule="1m")
+    st.register_catalog_views()
+    assert [r[0] for r in spark.sql("SELECT name FROM trickle_stream_tables").collect()] == [name]
+    assert spark.sql(f"SELECT count(*) FROM trickle_history WHERE name = '{name}'").collect()[0][0] == 1
