@@ -42,7 +42,8 @@ def log_commits(path: str) -> list[int]:
                   and n[:20].isdigit())
 
 
-def test_housekeeping_keeps_what_frontiers_need(spark: Any, st: Any, make_source: Any, unique_name: Any) -> None:
+def test_housekeeping_keeps_what_frontiers_need(spark: Any, st: Any, make_source: Any, unique_name: Any,
+                                                capsys: Any) -> None:
     """An upstream table refreshed many times (many small files and commits) while its downstream lags:
     housekeeping compacts, checkpoints, vacuums and cleans the upstream's log, yet keeps the versions the
     downstream's frontier reads, so the downstream then refreshes DIFFERENTIAL and equals its query."""
@@ -89,6 +90,13 @@ def test_housekeeping_keeps_what_frontiers_need(spark: Any, st: Any, make_source
         assert rows(st.read(up)) == rows(spark.sql(up_q))
         assert rows(st.read(down)) == rows(spark.sql(down_q))
     assert rows(spark.read.format("delta").load(up_path).select("id", "g", "v")) == rows(spark.sql(up_q))
+
+    # `trickle maintain NAME`: the same, one line per table
+    from pipeline.cli import _cmd_maintain, build_parser
+
+    assert _cmd_maintain(build_parser().parse_args(["maintain", up]), st, None) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith(f"{up}: ") and "skipped" not in out[0], out
 
 
 def test_log_listing_starts_from_the_checkpoint(spark: Any, st: Any, make_source: Any, unique_name: Any,
