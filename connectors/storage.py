@@ -32,6 +32,7 @@ import contextlib
 import os
 import re
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,11 @@ class Storage:
         """Names of the files directly in ``folder`` (none when it does not exist)."""
         raise NotImplementedError
 
+    def walk(self, folder: str) -> Iterator[tuple[str, float, int]]:
+        """(path relative to ``folder``, modification time in seconds, size) of every file below ``folder``,
+        hidden ones included (housekeeping deletes a data file's checksum beside it); none when it is absent."""
+        raise NotImplementedError
+
     def exists(self, path: str) -> bool:
         raise NotImplementedError
 
@@ -157,6 +163,17 @@ class LocalStorage(Storage):
             return [e.name for e in os.scandir(_local(folder)) if e.is_file() and not e.name.startswith(".")]
         except (FileNotFoundError, NotADirectoryError):
             return []
+
+    def walk(self, folder: str) -> Iterator[tuple[str, float, int]]:
+        base = _local(folder)
+        for dirpath, _dirs, files in os.walk(base):
+            for f in files:
+                full = os.path.join(dirpath, f)
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:
+                    continue
+                yield os.path.relpath(full, base).replace(os.sep, "/"), st.st_mtime, st.st_size
 
     def exists(self, path: str) -> bool:
         return os.path.exists(_local(path))
@@ -249,6 +266,16 @@ class HadoopStorage(Storage):
             raise
         return [s.getPath().getName() for s in statuses
                 if s.isFile() and not s.getPath().getName().startswith(".")]
+
+    def walk(self, folder: str) -> Iterator[tuple[str, float, int]]:
+        fs, hpath = self._fs(folder)
+        if not fs.exists(hpath):
+            return
+        prefix = len(str(fs.makeQualified(hpath).toString()).rstrip("/")) + 1
+        it = fs.listFiles(hpath, True)
+        while it.hasNext():
+            s = it.next()
+            yield str(s.getPath().toString())[prefix:], s.getModificationTime() / 1000.0, s.getLen()
 
     def exists(self, path: str) -> bool:
         fs, hpath = self._fs(path)

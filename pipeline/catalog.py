@@ -167,8 +167,18 @@ class Catalog:
 
     # --- history ---
 
-    def _history_files(self, name: str) -> list[str]:
+    def history_files(self, name: str) -> list[str]:
+        """The names of ``name``'s history records, oldest first (``<epoch microseconds>-<refresh id>.json``,
+        so a reader can pick records by time without reading them)."""
         return sorted(n for n in self.storage.list(self._at("history", name.lower())) if n.endswith(".json"))
+
+    def history_record(self, name: str, file: str) -> dict[str, Any] | None:
+        """One history record by its file name; None when it was pruned meanwhile or is unreadable."""
+        text = self.storage.read_text(self._at("history", name.lower(), file))
+        try:
+            return json.loads(text) if text is not None else None
+        except ValueError:
+            return None
 
     def append_history(self, name: str, record: dict[str, Any]) -> None:
         ts = f"{record.get('started_at', time.time()):017.6f}".replace(".", "")
@@ -182,19 +192,19 @@ class Catalog:
         """Delete all but the newest ``keep`` records (default ``HISTORY_KEEP``): a table refreshed every
         second records a NO_DATA decision every second, and the history must not grow without bound."""
         keep = HISTORY_KEEP if keep is None else keep
-        files = self._history_files(name)
+        files = self.history_files(name)
         old = files[:max(0, len(files) - keep)]
         for f in old:
             self.storage.delete(self._at("history", name.lower(), f))
         return len(old)
 
     def history(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
-        files = self._history_files(name)[::-1][:limit]
+        files = self.history_files(name)[::-1][:limit]
         texts = (self.storage.read_text(self._at("history", name.lower(), f)) for f in files)
         return [json.loads(t) for t in texts if t is not None]
 
     def has_history(self, name: str, refresh_id: str) -> bool:
-        return any(f.endswith(f"-{refresh_id}.json") for f in self._history_files(name))
+        return any(f.endswith(f"-{refresh_id}.json") for f in self.history_files(name))
 
     def drop_history(self, name: str) -> None:
         self.storage.delete_tree(self._at("history", name.lower()))

@@ -29,16 +29,15 @@ side cleanly (a refresh retries from the winner's frontier; compaction is skippe
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from connectors.delta_log import _CHECKPOINT, _COMMIT, DeltaLog, _local
+from connectors.delta_log import _CHECKPOINT, _COMMIT, DeltaLog
+from connectors.storage import LocalStorage, Storage, for_uri, join
 
 if TYPE_CHECKING:
     from pipeline.api import StreamTables
@@ -140,10 +139,9 @@ def streaming_offsets(st: StreamTables, d: Any) -> dict[str, int]:
     """Source path -> the version an IMMEDIATE table's streaming query reads next from (its newest offset
     log entry, matched to the sources by Delta table id): its next micro-batch reads that version's change
     feed, which may be older than the frontier its last refresh reached."""
-    folder = Path(st.catalog.checkpoint_path(d.name)) / "offsets"
-    if not folder.is_dir():
-        return {}
-    batches = sorted((int(p.name) for p in folder.iterdir() if p.name.isdigit()), reverse=True)
+    folder = join(st.catalog.checkpoint_path(d.name), "offsets")
+    storage = for_uri(folder, st.spark)
+    batches = sorted((int(n) for n in storage.list(folder) if n.isdigit()), reverse=True)
     if not batches:
         return {}
     ids: dict[str, str] = {}
@@ -154,7 +152,7 @@ def streaming_offsets(st: StreamTables, d: Any) -> dict[str, int]:
         if meta is not None:
             ids[meta.id] = src.path
     out: dict[str, int] = {}
-    for line in (folder / str(batches[0])).read_text(encoding="utf-8").splitlines():
+    for line in (storage.read_text(join(folder, str(batches[0]))) or "").splitlines():
         try:
             doc = json.loads(line)
         except ValueError:
@@ -167,48 +165,11 @@ def streaming_offsets(st: StreamTables, d: Any) -> dict[str, int]:
 
 # --- files, on the local disk or through Hadoop's FileSystem ---
 
-class _Files:
-    """List (recursively, with modification times) and delete a table's files."""
-
-    def __init__(self, spark: Any, root: str) -> None:
-        self.spark, self.root = spark, root.rstrip("/")
-        self.local = _local(self.root)
-
-    def walk(self, under: str = "") -> Iterator[tuple[str, float, int]]:
-        """(path relative to the root, mtime in seconds, size) of every file below ``under``."""
-        if self.local is not None:
-            base = os.path.join(self.local, under) if under else self.local
-            for dirpath, _dirs, files in os.walk(base):
-                for f in files:
-                    full = os.path.join(dirpath, f)
-                    try:
-                        st = os.stat(full)
-                    except FileNotFoundError:
-                        continue
-                    yield os.path.relpath(full, self.local).replace(os.sep, "/"), st.st_mtime, st.st_size
-            return
-        jvm = self.spark._jvm
-        hpath = jvm.org.apache.hadoop.fs.Path(self.root + ("/" + under if under else ""))
-        fs = hpath.getFileSystem(self.spark._jsc.hadoopConfiguration())
-        if not fs.exists(hpath):
-            return
-        it = fs.listFiles(hpath, True)
-        prefix = len(str(fs.makeQualified(jvm.org.apache.hadoop.fs.Path(self.root)).toString()).rstrip("/")) + 1
-        while it.hasNext():
-            s = it.next()
-            yield str(s.getPath().toString())[prefix:], s.getModificationTime() / 1000.0, s.getLen()
-
-    def delete(self, rel: str) -> None:
-        if self.local is not None:
-            for name in (rel, _hadoop_crc(rel)):
-                try:
-                    os.remove(os.path.join(self.local, name))
-                except FileNotFoundError:
-                    pass
-            return
-        jvm = self.spark._jvm
-        hpath = jvm.org.apache.hadoop.fs.Path(self.root + "/" + rel)
-        hpath.getFileSystem(self.spark._jsc.hadoopConfiguration()).delete(hpath, False)
+def _delete(storage: Storage, root: str, rel: str) -> None:
+    """Delete ``rel`` below ``root`` and, on a local disk, the checksum file Hadoop wrote beside it."""
+    storage.delete(join(root, rel))
+    if isinstance(storage, LocalStorage):
+        storage.delete(join(root, _hadoop_crc(rel)))
 
 
 def _hadoop_crc(rel: str) -> str:
@@ -288,10 +249,10 @@ def vacuum(spark: Any, path: str, needed: int | None, report: TableReport, setti
             return
         keep |= _live_files(path, needed) | _referenced_since(log, needed, latest)
     cutoff = now - settings.retain_hours * 3600
-    files = _Files(spark, path)
-    for rel, mtime, size in list(files.walk()):
+    files = for_uri(path, spark)
+    for rel, mtime, size in list(files.walk(path)):
         if mtime < cutoff and _is_data_file(rel) and rel not in keep:
-            files.delete(rel)
+            _delete(files, path, rel)
             report.vacuumed_files += 1
             report.vacuumed_bytes += size
 
@@ -312,13 +273,13 @@ def clean_log(spark: Any, path: str, floor: int | None, report: TableReport, set
         return
     base = usable[-1]
     cutoff = now - settings.log_retain_hours * 3600
-    files = _Files(spark, log.log_dir)
-    for rel, mtime, _size in list(files.walk()):
+    files = for_uri(log.log_dir, spark)
+    for rel, mtime, _size in list(files.walk(log.log_dir)):
         if "/" in rel or mtime >= cutoff:
             continue
         m = _COMMIT.match(rel) or _CHECKPOINT.match(rel) or _CRC.match(rel)
         if m and int(m.group(1)) < base:
-            files.delete(rel)
+            _delete(files, log.log_dir, rel)
             report.log_files_removed += 1
     report.log_from = base
 

@@ -34,7 +34,6 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 #: refresh counts by action cover this many seconds back
@@ -202,23 +201,18 @@ def _record_started(name: str) -> float | None:
     return int(head) / 1e6 if head.isdigit() else None
 
 
-def recent_history(catalog_root: Path, name: str, now: float, window_s: float = COUNT_WINDOW_S,
+def recent_history(catalog: Any, name: str, now: float, window_s: float = COUNT_WINDOW_S,
                    keep: int = P95_SAMPLE) -> list[dict[str, Any]]:
     """The history records of the last ``window_s`` plus at least the newest ``keep`` (for p95), newest
-    first; selected by file name, so only those files are read."""
-    folder = catalog_root / "history" / name.lower()
-    if not folder.is_dir():
-        return []
-    files = sorted(folder.glob("*.json"), reverse=True)
+    first; selected by file name, so only those files are read (through the catalog's storage: any store)."""
     out: list[dict[str, Any]] = []
-    for i, f in enumerate(files):
-        started = _record_started(f.name)
+    for i, f in enumerate(reversed(catalog.history_files(name))):
+        started = _record_started(f)
         if i >= keep and (started is None or now - started > window_s):
             break
-        try:
-            out.append(json.loads(f.read_text(encoding="utf-8")))
-        except (OSError, ValueError):  # pruned or being replaced meanwhile
-            continue
+        record = catalog.history_record(name, f)
+        if record is not None:  # pruned or being replaced meanwhile
+            out.append(record)
     return out
 
 
@@ -327,7 +321,7 @@ def table_row(spark: Any, catalog: Any, d: Any, now: float, history: bool = True
         stale = table_staleness(spark, d, now)
     except Exception:  # noqa: BLE001 - a log being replaced; the row still shows the rest
         stale = Staleness(None, None)
-    stats = history_stats(recent_history(Path(catalog.root), d.name, now), now) if history else HistoryStats()
+    stats = history_stats(recent_history(catalog, d.name, now), now) if history else HistoryStats()
     counts = stats.refreshes_last_hour
     return {
         "name": d.name, "status": d.status, "refresh_mode": d.refresh_mode, "schedule": d.schedule,

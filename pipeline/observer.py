@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from pipeline import monitor
@@ -91,30 +90,19 @@ class Observer:
 
     # --- stream tables ---
 
-    def _new_history(self, root: Path, name: str) -> list[dict[str, Any]]:
-        import json
-
-        folder = root / "history" / name.lower()
-        if not folder.is_dir():
-            return []
+    def _new_history(self, catalog: Any, name: str) -> list[dict[str, Any]]:
+        """The records ``name`` appended since the last look (by file name, which sorts by start time)."""
         after = self._cursor.get(name, self._since)
-        new = sorted(f.name for f in folder.glob("*.json") if f.name > after)
-        out = []
-        for n in new:
-            try:
-                out.append(json.loads((folder / n).read_text(encoding="utf-8")))
-            except (OSError, ValueError):
-                continue
+        new = [f for f in catalog.history_files(name) if f > after]
         if new:
             self._cursor[name] = new[-1]
-        return out
+        return [r for r in (catalog.history_record(name, f) for f in new) if r is not None]
 
     def _tables(self, now: float) -> None:
         catalog = self.rt.st.catalog
-        root = Path(catalog.root)
         rows = []
         for d in catalog.all():
-            self.metrics.observe_history(self._new_history(root, d.name))
+            self.metrics.observe_history(self._new_history(catalog, d.name))
             row = monitor.table_row(self.rt.spark, catalog, d, now, history=False)
             rows.append(row)
             self.metrics.set_table(row)
