@@ -89,6 +89,44 @@ def test_create_refresh_oracle_and_no_data_on_s3(spark: Any, s3: S3Server, uniqu
     assert not [k for k in _keys(s3, "cycle/_trickle/") if f"/{name}" in k]
 
 
+def test_immediate_table_with_its_checkpoint_on_s3(spark: Any, s3: S3Server, unique_name: Any) -> None:
+    """An IMMEDIATE table whose Structured Streaming checkpoint is in the bucket: it follows changes, and
+    after a stop, changes made meanwhile are applied exactly once on restart (the checkpoint's offsets and
+    commits were read back from S3)."""
+    from oracle import check_many
+
+    from pipeline import StreamTables
+
+    root = f"s3a://{BUCKET}/immediate/_trickle"
+    st = StreamTables(spark, root=root)
+    src, name = unique_name("clicks"), unique_name("per_customer")
+    _s3_source(spark, src, f"s3a://{BUCKET}/immediate/{src}", "(1, 'a', 10), (2, 'b', 20)")
+    query = f"SELECT customer, SUM(amount) AS total, COUNT(*) AS n FROM {src} GROUP BY customer"
+    st.create_stream_table(name, query, refresh_mode="IMMEDIATE")
+
+    def caught_up(context: str) -> None:
+        deadline = time.monotonic() + 180  # a hung query, not a performance bound
+        while check_many(spark, st, {name: query}, context):
+            assert time.monotonic() < deadline, check_many(spark, st, {name: query}, context)[name]
+            time.sleep(1)
+
+    st.start(name)
+    try:
+        spark.sql(f"INSERT INTO {src} VALUES (3, 'a', 5), (4, 'c', 7)")
+        caught_up("after a change while running")
+    finally:
+        st.stop(name)
+    assert any(k.startswith(f"immediate/_trickle/checkpoints/{name}/offsets/") for k in _keys(s3, "immediate/"))
+    spark.sql(f"DELETE FROM {src} WHERE customer = 'b'")
+    spark.sql(f"UPDATE {src} SET amount = amount + 1 WHERE id = 1")
+    st.start(name)
+    try:
+        caught_up("after a restart from the checkpoint on S3")
+    finally:
+        st.stop(name)
+    st.drop_stream_table(name)
+
+
 def test_put_if_absent_has_one_winner_on_s3(spark: Any, s3: S3Server) -> None:
     """Eight threads create the same object at once: S3's conditional write (``If-None-Match: *``) lets
     exactly one through, whatever the interleaving of their existence checks."""
