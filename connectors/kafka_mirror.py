@@ -83,6 +83,18 @@ def client_timeouts(options: Mapping[str, str]) -> dict[str, str]:
     return {}
 
 
+def admin_properties(spark: Any, bootstrap_servers: str, options: Mapping[str, str], client_id: str) -> Any:
+    """The ``java.util.Properties`` of a Java Kafka admin client for a source: its ``kafka.*`` options (so the
+    security settings are the ingestion query's) over our client timeouts, with ``bootstrap_servers``."""
+    props = spark.sparkContext._jvm.java.util.Properties()
+    for k, v in {**client_timeouts(options), **options}.items():
+        if k.startswith("kafka."):
+            props.setProperty(k[len("kafka."):], str(v))
+    props.setProperty("bootstrap.servers", bootstrap_servers)
+    props.setProperty("client.id", client_id)
+    return props
+
+
 @dataclass(frozen=True)
 class KafkaSource:
     """A Debezium topic mirrored into a Delta table (from the conf file's ``sources:``)."""
@@ -639,12 +651,7 @@ def probe(spark: Any, bootstrap_servers: str, options: Mapping[str, str], topics
         return Probe(bootstrap_servers, refused, {})
     jvm = spark.sparkContext._jvm
     admin_pkg = jvm.org.apache.kafka.clients.admin
-    props = jvm.java.util.Properties()
-    for k, v in {**client_timeouts(options), **options}.items():
-        if k.startswith("kafka."):
-            props.setProperty(k[len("kafka."):], str(v))
-    props.setProperty("bootstrap.servers", bootstrap_servers)
-    props.setProperty("client.id", "trickle-probe")
+    props = admin_properties(spark, bootstrap_servers, options, "trickle-probe")
     ms = max(1, int(timeout_s * 1000))
     unit = jvm.java.util.concurrent.TimeUnit.MILLISECONDS
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from connectors.kafka_mirror import client_timeouts
+from connectors.kafka_mirror import admin_properties
 
 
 class EndOffsets:
@@ -20,13 +20,8 @@ class EndOffsets:
     def __init__(self, spark: Any, bootstrap_servers: str, options: Mapping[str, str], timeout_s: float = 5.0) -> None:
         jvm = spark.sparkContext._jvm
         self._jvm = jvm
-        props = jvm.java.util.Properties()
-        for k, v in {**client_timeouts(options), **options}.items():
-            if k.startswith("kafka."):
-                props.setProperty(k[len("kafka."):], str(v))
-        props.setProperty("bootstrap.servers", bootstrap_servers)
-        props.setProperty("client.id", "trickle-lag")
-        self._admin = jvm.org.apache.kafka.clients.admin.AdminClient.create(props)
+        self._admin = jvm.org.apache.kafka.clients.admin.AdminClient.create(
+            admin_properties(spark, bootstrap_servers, options, "trickle-lag"))
         self._ms = max(1, int(timeout_s * 1000))
 
     def __call__(self, topic: str) -> dict[int, int]:
