@@ -65,6 +65,9 @@ class Window:
     insert_only: bool = False
     sizes: dict[int, int] = field(default_factory=dict)
     change_bytes: int = 0
+    #: the first version in the window whose commit file is gone (log retention after a checkpoint): the
+    #: window's changes can no longer be read, and a differential refresh over it would miss them
+    commit_gone_at: int | None = None
 
 
 #: path -> the newest ``protocol`` action seen: commits without a checksum file (delta-rs writes none) and
@@ -93,6 +96,7 @@ class DeltaLog:
         self.path = path
         self.log_dir = path.rstrip("/") + "/_delta_log"
         self._actions: dict[int, list[dict[str, Any]]] = {}
+        self._gone: set[int] = set()  # versions whose commit file was found missing by :meth:`actions`
 
     def _fs(self, name: str) -> tuple[Any, Any]:
         jvm = self.spark._jvm
@@ -266,6 +270,8 @@ class DeltaLog:
         """The actions of one commit (read once per :class:`DeltaLog`: commit files never change)."""
         if version not in self._actions:
             text = self._read(f"{version:020d}.json")
+            if text is None:
+                self._gone.add(version)
             self._actions[version] = [json.loads(line) for line in (text or "").splitlines() if line.strip()]
         return self._actions[version]
 
@@ -369,7 +375,8 @@ class DeltaLog:
             if truncated is None and _is_truncate(self.commit_info(v)):
                 truncated = v
         sizes = {v: size for v in (pre, post) if (size := self.table_size(v)) is not None}
-        return Window(pre, post, meta, schema_changed, truncated, insert_only, sizes, change_bytes)
+        gone = min((v for v in self._gone if pre < v <= post), default=None)
+        return Window(pre, post, meta, schema_changed, truncated, insert_only, sizes, change_bytes, gone)
 
     def _shape_changed(self, pre: int, version: int, m: TableMeta) -> bool:
         """Whether the ``metaData`` committed at ``version`` changes the schema or partitioning relative to

@@ -370,7 +370,7 @@ class Refresher:
             over = threading.Event()
             try:
                 with _cancelled_after(self.spark, limit, over):
-                    _check_commits_kept(self.spark, d, pre, post)  # type: ignore[arg-type]
+                    _check_commits_kept(d, windows)
                     counts = self._differential(d, pre, post, windows, record,  # type: ignore[arg-type]
                                                 committed.version)
             except delta_sink.CommitLost:
@@ -1009,14 +1009,14 @@ def _history_gone(e: BaseException, d: StreamTableDef, pre: dict[str, int], post
             f"removed, e.g. by VACUUM: {_first_line(e)[:200]})")
 
 
-def _check_commits_kept(spark: Any, d: StreamTableDef, pre: dict[str, int], post: dict[str, int]) -> None:
-    """Raise when the first commit of a source's window is gone from its log (log retention removed it after
-    a checkpoint): the change feed of the window can no longer be read. One file check per changed source."""
-    for key, src in d.sources.items():
-        first = pre.get(key, post[key]) + 1
-        if first <= post[key] and DeltaLog(spark, src.path).commit_signature(first) is None:
-            raise SourceChangedError(f"DELTA_FILE_NOT_FOUND: the commit of version {first} is gone from "
-                                     f"{src.path.rstrip('/')}/_delta_log/ (removed by log retention)")
+def _check_commits_kept(d: StreamTableDef, windows: dict[str, Window]) -> None:
+    """Raise when a commit of a source's window is gone from its log (log retention removed it after a
+    checkpoint): the window's change feed can no longer be read. The window's own pass over its commits
+    found it (:attr:`Window.commit_gone_at`); no extra read."""
+    for key, w in windows.items():
+        if w.commit_gone_at is not None and key in d.sources:
+            raise SourceChangedError(f"DELTA_FILE_NOT_FOUND: the commit of version {w.commit_gone_at} is gone "
+                                     f"from {d.sources[key].path.rstrip('/')}/_delta_log/ (removed by log retention)")
 
 
 def _is_change_feed_error(e: BaseException) -> bool:
