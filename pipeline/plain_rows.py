@@ -38,12 +38,23 @@ def changes(delta: pa.Table, stored: pa.Table | None, columns: list[str], salt: 
     (user columns, ``__row_hash``, ``__dw``) and ``stored``: the table's ``(__row_id, __row_hash)`` of at
     least every negative tuple (None when there is none). A tuple with fewer stored copies than it loses
     loses all of them. ``salt``: the refresh's salt, seeding the fresh ids."""
+    inserts, deletes = split(delta, stored, columns, salt)
+    inserts = inserts.append_column(DEL, pa.array(np.zeros(inserts.num_rows, dtype=bool)))
+    deletes = deletes.select(columns).append_column(DEL, pa.array(np.ones(deletes.num_rows, dtype=bool)))
+    return pa.concat_tables([inserts, deletes]).combine_chunks()
+
+
+def split(delta: pa.Table, stored: pa.Table | None, columns: list[str], salt: str) -> tuple[pa.Table, pa.Table]:
+    """The rows to insert (``columns``) and the stored copies to delete (``columns`` with the values of the
+    tuple they are a copy of, then any other column of ``stored``, e.g. where the copy is stored)."""
     weights = delta[DW].to_numpy()
     up = np.flatnonzero(weights > 0)
     copies = delta.take(pa.array(np.repeat(up, weights[up]), type=pa.int64()))
     deleted = _picked(delta, stored) if stored is not None else pa.table({ROW_ID: pa.array([], pa.int64()),
                                                                           ROW_HASH: pa.array([], pa.int64())})
     ids = _fresh_ids(copies.num_rows, deleted[ROW_ID].to_numpy(), salt)
+    losses = delta.filter(pc.less(delta[DW], 0))
+    tuples = losses.take(pc.index_in(deleted[ROW_HASH], value_set=losses[ROW_HASH]))
     inserts, deletes = {}, {}
     for name in columns:
         if name == ROW_ID:
@@ -51,25 +62,26 @@ def changes(delta: pa.Table, stored: pa.Table | None, columns: list[str], salt: 
         elif name == ROW_HASH:
             inserts[name], deletes[name] = copies[ROW_HASH], deleted[ROW_HASH]
         else:
-            inserts[name] = copies[name]
-            deletes[name] = pa.nulls(deleted.num_rows, delta.schema.field(name).type)
-    inserts[DEL] = pa.array(np.zeros(copies.num_rows, dtype=bool))
-    deletes[DEL] = pa.array(np.ones(deleted.num_rows, dtype=bool))
-    return pa.concat_tables([pa.table(inserts), pa.table(deletes)]).combine_chunks()
+            inserts[name], deletes[name] = copies[name], tuples[name]
+    for name in deleted.column_names:
+        if name not in deletes:
+            deletes[name] = deleted[name]
+    return pa.table(inserts), pa.table(deletes)
 
 
 def _picked(delta: pa.Table, stored: pa.Table) -> pa.Table:
-    """``-__dw`` stored ``(__row_id, __row_hash)`` of each negative tuple, the lowest ids first."""
+    """``-__dw`` stored rows (``stored``'s columns: ``__row_id``, ``__row_hash``, maybe where they are) of each
+    negative tuple, the lowest ids first."""
     losses = delta.filter(pc.less(delta[DW], 0)).select([ROW_HASH, DW])
-    found = stored.select([ROW_ID, ROW_HASH]).join(losses, ROW_HASH, join_type="inner")
+    found = stored.join(losses, ROW_HASH, join_type="inner")
     if found.num_rows == 0:
-        return found.select([ROW_ID, ROW_HASH])
+        return found.select(stored.column_names)
     found = found.sort_by([(ROW_HASH, "ascending"), (ROW_ID, "ascending")])
     hashes = found[ROW_HASH].to_numpy()
     at = np.arange(len(hashes))
     first = np.maximum.accumulate(np.where(np.r_[True, hashes[1:] != hashes[:-1]], at, 0))
     keep = (at - first) < -found[DW].to_numpy()
-    return found.filter(pa.array(keep)).select([ROW_ID, ROW_HASH])
+    return found.filter(pa.array(keep)).select(stored.column_names)
 
 
 def _fresh_ids(n: int, taken: np.ndarray, salt: str) -> np.ndarray:

@@ -40,7 +40,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 import dvm
-from connectors import delta_rs, delta_sink
+from connectors import deletion_vectors, delta_rs, delta_sink
 from connectors.delta_log import DeltaLog, Window
 from dvm.context import Context, SourceRef, quote
 from dvm.plan import plain_rows_sql
@@ -575,12 +575,56 @@ class Refresher:
         delta = self._local_delta(d, ctx, src, record, read_version)
         if delta is None:
             delta = self._spark_delta(ctx, ctx.unshare_single_reads(src), record, read_version)
-        protocol = DeltaLog(self.spark, d.path).protocol(read_version)
+        log = DeltaLog(self.spark, d.path)
+        protocol = log.protocol(read_version)
         hashes = plain_rows.negative_hashes(delta)
+        marking = self._marking(d, log, protocol, read_version, delta.num_rows, len(hashes))
+        if marking is not None:
+            return self._commit_marked(d, plan, ctx, delta, hashes, marking, log, record, read_version)
         stored = (plain_rows.stored_with_hashes(self.spark, d.path, read_version, hashes, protocol)
                   if len(hashes) else None)
         rows = plain_rows.changes(delta, stored, plan.stored_columns(), ctx.salt)
         return self._commit_collected(d, plan, rows, protocol, record, read_version)
+
+    def _marking(self, d: StreamTableDef, log: DeltaLog, protocol: dict[str, Any] | None, read_version: int,
+                 tuples: int, losing: int) -> strategy.Choice | None:
+        """The choice to commit a plain-rows table's netted delta with deletion vectors (see
+        :func:`strategy.marks`); None for the other paths."""
+        if tuples == 0:
+            return None
+        meta = log.metadata(read_version)
+        if meta is None:
+            return None
+        has = "deletionVectors" in ((protocol or {}).get("writerFeatures") or [])
+        with_vectors = protocol if has else deletion_vectors.with_vectors(protocol)
+        why_not = deletion_vectors.unusable(d.path, with_vectors, meta.configuration, bool(meta.partition_columns))
+        return strategy.marks(has, losing, delta_rs.table_rows(d.path, read_version), why_not,
+                              strategy.Limits.from_conf(self.conf))
+
+    def _commit_marked(self, d: StreamTableDef, plan: dvm.Plan, ctx: Context, delta: Any, hashes: Any,
+                       choice: strategy.Choice, log: DeltaLog, record: dict[str, Any],
+                       read_version: int) -> dict[str, int] | None:
+        """Commit the netted delta as inserted rows and deletion vectors (see :mod:`connectors.deletion_vectors`):
+        the stored copies it deletes are found by their hash in the live files and marked, never rewritten."""
+        if "deletionVectors" not in ((log.protocol(read_version) or {}).get("writerFeatures") or []):
+            delta_sink.enable_deletion_vectors(self.spark, d.path)  # once per table, a commit of no rows
+            read_version = deletion_vectors.after_enabling(log, read_version)
+        meta = log.metadata(read_version)
+        assert meta is not None
+        files = deletion_vectors.live_files(log, read_version)
+        stored = deletion_vectors.locate(log.path, files, hashes) if len(hashes) else None
+        inserts, deletes = plain_rows.split(delta, stored, plan.stored_columns(), ctx.salt)
+        engine = record.get("delta_engine")
+        record["apply"] = choice.describe() + (f"; delta computed by {engine}" if engine else "")
+        self.before_commit(d.name)
+        try:
+            return deletion_vectors.commit(d.path, read_version, files, deletion_vectors.arrow_schema(meta),
+                                           inserts, deletes, record, delta_sink.txn_version(read_version),
+                                           delta_sink.TXN_APP_ID)
+        except delta_rs.CommitFailed as e:
+            delta_sink.committed_version(self.spark, d.path, record, read_version)  # CommitLost: another won
+            raise delta_sink.CommitLost(f"the commit to {d.path} at version {read_version + 1} failed: {e}; the "
+                                        "table moved on since this refresh read it") from e
 
     def _spark_delta(self, ctx: Context, src: str, record: dict[str, Any], read_version: int | None) -> Any:
         """The collected delta computed by Spark, as Arrow."""

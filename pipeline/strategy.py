@@ -38,6 +38,12 @@ DELTA_RS = "trickle.apply.deltaRs"
 #: side by side on a 10M-row plain-rows table, 2.6 s (delta-rs) against 9.0 s for 100 changed rows and 2.9 s
 #: against 11.6 s for 10K. Above 50M rows (not measured) deletion vectors are assumed to pay.
 DV_ABOVE_ROWS = "trickle.apply.deletionVectorsAboveRows"
+#: Spark conf: a plain-rows table holding more rows than this has the rows a change deletes marked in deletion
+#: vectors by spark-trickle's own commit (:mod:`connectors.deletion_vectors`; turned on for the table when
+#: first needed) instead of rewritten: copy-on-write rewrites every file a deleted row is in, and scattered
+#: deletions touch every file, so its cost follows the table's size; marking costs one read of the hash column.
+#: -1: never (then a table with deletion vectors on is merged by Spark).
+VECTORS_ABOVE_ROWS = "trickle.apply.vectorsAboveRows"
 #: Spark conf: a FULL refresh of a table that held at most this many rows collects its result to the driver
 #: and commits it with delta-rs (a small aggregate recomputed over a large source).
 FULL_COLLECT_ROWS = "trickle.apply.fullCollectRowsBelow"
@@ -52,6 +58,7 @@ class Limits:
     delta_rs: bool = True
     full_collect_rows: int = 100_000
     dv_above_rows: int = 50_000_000
+    vectors_above_rows: int = 1_000_000
 
     @classmethod
     def from_conf(cls, conf: Any) -> Limits:
@@ -61,7 +68,8 @@ class Limits:
                    int(conf.get(DELTA_RS_ROWS, str(d.delta_rs_rows))),
                    str(conf.get(DELTA_RS, "true")).strip().lower() != "false",
                    int(conf.get(FULL_COLLECT_ROWS, str(d.full_collect_rows))),
-                   int(conf.get(DV_ABOVE_ROWS, str(d.dv_above_rows))))
+                   int(conf.get(DV_ABOVE_ROWS, str(d.dv_above_rows))),
+                   int(conf.get(VECTORS_ABOVE_ROWS, str(d.vectors_above_rows))))
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,25 @@ def choose(rows: int, deletes: int, appendable: bool, delta_rs_unusable: str | N
     if appendable and deletes == 0:
         return Choice(APPEND, engine, f"insert-only delta; {why}")
     return Choice(MERGE, engine, f"{deletes} of {rows} change rows delete; {why}")
+
+
+def marks(has_vectors: bool, losing: int, target_rows: int | None, unusable: str | None,
+          limits: Limits) -> Choice | None:
+    """Whether a plain-rows table's collected change is committed with deletion vectors (engine ``vectors``,
+    :mod:`connectors.deletion_vectors`): always once the table has them on (delta-rs does not write such a
+    table), else when the change deletes rows of a table above ``vectors_above_rows``. ``losing``: tuples the
+    change removes copies of; ``unusable``: why the vectors' commit may not write this table. None: another
+    path (:func:`choose`)."""
+    if unusable is not None or not limits.delta_rs or limits.vectors_above_rows < 0:
+        return None
+    if has_vectors:
+        return Choice(MERGE if losing else APPEND, "vectors", "the table has deletion vectors on"
+                      + (f"; {losing} tuples lose copies, marked deleted" if losing else "; insert-only"))
+    if losing and target_rows is not None and target_rows > limits.vectors_above_rows:
+        return Choice(MERGE, "vectors", f"{losing} tuples lose copies in a table of {target_rows} rows (above "
+                      f"{VECTORS_ABOVE_ROWS}={limits.vectors_above_rows}): deletion vectors mark them instead of "
+                      "rewriting the files they are in")
+    return None
 
 
 def uncollected(change_bytes: int, limits: Limits) -> Choice:

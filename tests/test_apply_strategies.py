@@ -6,8 +6,10 @@ results must show that the forced strategy really ran.
 * default: collected deltas, plain-rows deletions picked on the driver by delta-rs (pipeline/plain_rows.py),
   committed by delta-rs (APPEND or MERGE);
 * ``trickle.apply.deltaRs=false``: the same collected rows committed by Spark (append or MERGE);
-* ``trickle.apply.deletionVectorsAboveRows=0``: Spark's MERGE with deletion vectors; once the table has them
+* ``trickle.apply.deletionVectorsAboveRows=0`` (own vectors off): Spark's MERGE with deletion vectors; once the table has them
   delta-rs no longer reads it, so plain-rows deletions are picked by Spark's semi-join;
+* ``trickle.apply.vectorsAboveRows=0``: plain-rows deletions marked in deletion vectors by spark-trickle's own
+  commit (connectors/deletion_vectors.py), read back by Spark;
 * ``trickle.apply.collectBelowBytes=-1``: nothing collected: Spark's MERGE over the delta kept in the cluster
   (the plain-rows deletions picked by a join with the table, dvm.plan.bag_changes_sql).
 
@@ -42,8 +44,12 @@ VARIANTS = {
     "delta-rs": ({}, {"MERGE (delta-rs)"}, {"APPEND (delta-rs)"}),
     "spark": ({"trickle.apply.deltaRs": "false"}, {"MERGE (spark)"}, {"APPEND (spark)"}),
     # an insert-only delta into plain rows is an append (delta-rs until the table has deletion vectors)
-    "deletion-vectors": ({"trickle.apply.deletionVectorsAboveRows": "0"}, {"MERGE (spark-dv)"},
-                         {"APPEND (delta-rs)", "APPEND (spark)"}),
+    "deletion-vectors": ({"trickle.apply.deletionVectorsAboveRows": "0", "trickle.apply.vectorsAboveRows": "-1"},
+                         {"MERGE (spark-dv)"}, {"APPEND (delta-rs)", "APPEND (spark)"}),
+    # plain rows: deletions marked by spark-trickle's own commit (vectors turned on at the first one); keyed
+    # rows: delta-rs' MERGE as by default
+    "vectors": ({"trickle.apply.vectorsAboveRows": "0"}, {"MERGE (vectors)", "MERGE (delta-rs)"},
+                {"APPEND (vectors)", "APPEND (delta-rs)"}),
     "uncollected": ({"trickle.apply.collectBelowBytes": "-1"}, {"SPARK_MERGE (spark)"}, set()),
 }
 

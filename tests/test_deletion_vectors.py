@@ -1,0 +1,108 @@
+"""Deletion vectors written by spark-trickle (connectors/deletion_vectors.py): the formats against Spark's own,
+and the commit's guarantees (one commit per refresh, a lost race retried, Spark reading rows and change feed).
+
+The oracle over random changes runs in test_apply_strategies (variant ``vectors``) and test_plain_rows
+(``marked``: every reader, and a downstream stream table over the change feed)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from connectors import deletion_vectors as dv
+from connectors.delta_log import DeltaLog
+from pipeline import strategy
+
+
+def rows(df: Any) -> Counter:
+    return Counter(tuple(r) for r in df.collect())
+
+
+def test_vectors_and_names_round_trip() -> None:
+    positions = np.array([0, 5, 5, 70_000, 2**32 + 3, 2**33], dtype=np.int64)
+    assert dv.decode(dv.encode(positions)).tolist() == sorted(set(positions.tolist()))
+    assert dv.decode(dv.encode(np.arange(0, 100_000, 2))).tolist() == list(range(0, 100_000, 2))
+    data = bytes(range(16))
+    assert dv.unz85(dv.z85(data)) == data and len(dv.z85(data)) == 20
+    with pytest.raises(ValueError, match="not a deletion vector"):
+        dv.decode(b"\x00" * 12)
+
+
+def test_spark_written_vectors_are_read_as_spark_deleted(spark: Any, tmp_path: Any) -> None:
+    """A vector Spark's DELETE wrote (Z85 file name, offsets, CRC, Roaring bytes) names exactly the deleted
+    rows' positions, and the live-file replay finds the file's descriptor."""
+    path = str(tmp_path / "t")
+    (spark.range(0, 600).selectExpr("id", "CAST(id * 2 AS STRING) AS s").repartition(2).write.format("delta")
+     .option("delta.enableDeletionVectors", "true").save(path))
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id % 7 = 0")
+    log = DeltaLog(spark, path)
+    files = dv.live_files(log, 1)
+    assert len(files) == 2 and all(a.get("deletionVector") for a in files.values())
+    for rel, add in files.items():
+        ids = pq.read_table(os.path.join(path, rel), columns=["id"])["id"].to_numpy()
+        assert dv.read_vector(path, add["deletionVector"]).tolist() == np.flatnonzero(ids % 7 == 0).tolist()
+
+
+def test_a_commit_that_loses_its_version_is_retried_and_applied_once(
+        spark: Any, st: Any, make_source: Any, unique_name: Any) -> None:
+    """Another writer commits the version this refresh's commit wanted (put-if-absent refuses the commit
+    file): the refresh starts again from the winner's frontier, and the change is applied once."""
+    from pipeline import StreamTables
+
+    spark.conf.set(strategy.VECTORS_ABOVE_ROWS, "0")
+    try:
+        src = make_source("dv_src", "id INT, k STRING", rows=[(i, f"k{i % 3}") for i in range(30)])
+        name = unique_name("dv_bag")
+        query = f"SELECT k FROM {src} WHERE id > 2"
+        st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL")
+        spark.sql(f"DELETE FROM {src} WHERE id < 10")
+        assert st.refresh_stream_table(name).apply.startswith("MERGE (vectors)")
+        other = StreamTables(spark, root=str(st.catalog.root))
+        spark.sql(f"UPDATE {src} SET k = 'moved' WHERE id % 4 = 0")
+        raced: list[str] = []
+
+        def other_wins_once(table: str) -> None:
+            if not raced:
+                raced.append(other.refresh_stream_table(table).apply or "")
+
+        hook, st.refresher.before_commit = st.refresher.before_commit, other_wins_once
+        try:
+            r = st.refresh_stream_table(name)
+        finally:
+            st.refresher.before_commit = hook
+        assert raced and raced[0].startswith("MERGE (vectors)") and r.action == "NO_DATA", (raced, r)
+        assert rows(st.read(name)) == rows(spark.sql(query))
+        path = st.catalog.get(name).path
+        log = DeltaLog(spark, path)
+        first = next(v for v in range(log.latest_version() + 1) if log.trickle_metadata(v) is not None)
+        changes = spark.sql(f"SELECT _change_type, k FROM table_changes_by_path('{path}', {first + 1})").collect()
+        feed = Counter((r._change_type, r.k) for r in changes)
+        gone = [f"k{i % 3}" for i in range(3, 10)] + [f"k{i % 3}" for i in range(12, 30, 4)]
+        assert feed == Counter([("delete", k) for k in gone] + [("insert", "moved")] * 5), feed
+        log = DeltaLog(spark, path)
+        latest = log.latest_version()
+        info = log.commit_info(latest)
+        assert info["engineInfo"].startswith("spark-trickle") and json.loads(info["userMetadata"])["trickle"]
+        assert not [f for f in os.listdir(os.path.join(path, "_delta_log")) if f.endswith(".tmp")]
+
+        # Spark's MERGE (a delta too large to collect) marks rows too, listing each touched file's add before
+        # its remove; the next marked commit must still find the rows in those files
+        spark.conf.set(strategy.COLLECT_BELOW, "-1")
+        try:
+            spark.sql(f"DELETE FROM {src} WHERE id IN (11, 13)")
+            assert st.refresh_stream_table(name).apply.startswith("SPARK_MERGE")
+        finally:
+            spark.conf.unset(strategy.COLLECT_BELOW)
+        assert any(a.get("deletionVector") and "spark-trickle" not in str(log.commit_info(v).get("engineInfo"))
+                   for v in [DeltaLog(spark, path).latest_version()] for a in dv.live_files(log, v).values())
+        spark.sql(f"DELETE FROM {src} WHERE id > 12")
+        assert st.refresh_stream_table(name).apply.startswith("MERGE (vectors)")
+        assert rows(st.read(name)) == rows(spark.sql(query))
+    finally:
+        spark.conf.unset(strategy.VECTORS_ABOVE_ROWS)
