@@ -182,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_conf", metavar="CONF.yaml")
     p.add_argument("--metrics-port", metavar="PORT", type=int, default=None,
                    help="serve Prometheus metrics on PORT (default: the conf's runtime.metrics_port; 0: off)")
+    p.add_argument("--ui", metavar="[HOST:]PORT", default=None,
+                   help="also serve the pipeline's web page on PORT (host 127.0.0.1 unless given, e.g. "
+                   "0.0.0.0:8421; port 0: any free one)")
+
+    p = add("ui", "serve the pipeline's web page for a warehouse, read-only, until Ctrl-C: the DAG, each "
+                  "table's status, staleness and refresh times, errors, and a table's history")
+    p.add_argument("--port", metavar="[HOST:]PORT", default=None,
+                   help="where to serve it (default 127.0.0.1:8421; 0.0.0.0:PORT for other machines)")
 
     add("demo", "run the org-chart tutorial on a local warehouse (no servers needed)")
     return parser
@@ -220,6 +228,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.command == "dag":  # the catalog alone: no Spark
         return _cmd_dag(args, warehouse, conf)
+    if args.command == "ui":  # the catalog and Delta logs, read as files: Spark only for a remote store
+        return _cmd_ui(args, warehouse, conf)
 
     handlers: dict[str, Callable[[argparse.Namespace, StreamTables, TrickleConf | None], int]] = {
         "create": _cmd_create,
@@ -243,6 +253,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from pipeline.runtime import check_kafka_reachable
 
         check_kafka_reachable(conf)  # a Kafka source nobody listens for fails before Spark starts
+    if args.command == "run" and args.ui is not None:
+        from pipeline.ui import parse_address
+
+        parse_address(args.ui)  # a bad address fails before Spark starts
     args.warehouse_path = warehouse
 
     spark, st = _open(
@@ -507,6 +521,38 @@ def _cmd_dag(args: argparse.Namespace, warehouse: Path, conf: TrickleConf | None
     return EXIT_OK
 
 
+def _cmd_ui(args: argparse.Namespace, warehouse: Path, conf: TrickleConf | None) -> int:
+    """``trickle ui``: the web page (:mod:`pipeline.ui`) of a warehouse's pipeline, read-only, until Ctrl-C.
+    A local warehouse needs no Spark (the catalog and the Delta logs are files); one on an object store
+    is read through a Spark session, whose settings say how to reach it."""
+    from connectors.storage import is_local
+    from pipeline import ui
+
+    address = args.port if args.port is not None else ui.DEFAULT_PORT
+    ui.parse_address(address)
+    spark = None
+    if not is_local(warehouse):
+        from pipeline.session import spark_session
+
+        spark = spark_session(app_name="trickle-ui", warehouse=warehouse, conf=conf.spark if conf else None,
+                              log_level=args.log_level)
+    stop = threading.Event()
+    try:
+        page = ui.serve(ui.PipelineView.for_warehouse(warehouse, conf, spark), address)
+        print(f"serving the pipeline page of {warehouse} at {page.url} (read-only; Ctrl-C stops)", flush=True)
+        restore = _install_stop_handlers(stop)
+        try:
+            while not stop.wait(0.5):
+                pass
+        finally:
+            restore()
+            page.close()
+    finally:
+        if spark is not None:
+            _quiet_stop(spark)
+    return EXIT_OK
+
+
 #: Columns of the Kafka sources' table under ``trickle status`` (written by ``trickle run``).
 SOURCE_COLUMNS = ("name", "status", "since", "topic", "bootstrap_servers", "error", "schema_error")
 
@@ -584,7 +630,13 @@ def _cmd_run(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | Non
     lease.keep_renewed(lambda e: (log.error(str(e)), stop.set()))
     runtime = Runtime(st, conf, log, args.warehouse_path)
     remove_hook = _install_jvm_stop_hook(st.spark, stop, done, log)
+    page = None
     try:
+        if args.ui is not None:  # the web page (pipeline.ui), before the sources: it shows the start too
+            from pipeline import ui
+
+            page = ui.serve(ui.PipelineView.for_runtime(runtime), args.ui)
+            log.event("ui", url=page.url)
         runtime.start_sources()
         runtime.create_stream_tables(stop)
         runtime.run(stop)
@@ -592,6 +644,8 @@ def _cmd_run(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | Non
         try:
             runtime.stop()
         finally:
+            if page is not None:
+                page.close()
             done.set()
             remove_hook()
             restore()
