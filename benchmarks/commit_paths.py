@@ -1,15 +1,15 @@
-"""Deletions from a large plain-rows stream table: delta-rs' MERGE (rewrites the files it touches) against
-Spark's MERGE with deletion vectors, side by side in one run.
+"""Deletions from a large plain-rows stream table, three commit paths side by side in one run: delta-rs' MERGE
+(rewrites the files it touches), Spark's MERGE with deletion vectors, and spark-trickle's own commit with
+deletion vectors (connectors/deletion_vectors.py: the rows marked, nothing rewritten).
 
     ./dev bench commit-paths [--rows 10000000] [--changed 100] [--rounds 4]
 
 Two stream tables of the ``scan`` shape over the same fact table; each round one source MERGE of
-``--changed`` rows (70% updates, 15% deletes, 15% inserts, see run.change_cycle), then both refresh, with
-``trickle.apply.deletionVectorsAboveRows`` switched between them so one commits through delta-rs and the
-other through Spark with deletion vectors. The order alternates per round (the second refresh of a window
-finds the first one's compiled code). Medians after one warm-up round; both tables are checked to hold the
-same rows at the end. This is what ``trickle.apply.deletionVectorsAboveRows``' default rests on. Nothing
-here asserts a time.
+``--changed`` rows (70% updates, 15% deletes, 15% inserts, see run.change_cycle), then each refreshes, with
+``trickle.apply.deletionVectorsAboveRows`` and ``trickle.apply.vectorsAboveRows`` switched between them so
+each commits its own way. The order rotates per round (a later refresh of a window finds the first one's
+compiled code). Medians after one warm-up round; the tables are checked to hold the same rows at the end.
+This is what the two settings' defaults rest on. Nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import SHAPES, change_cycle, create_sources, log, start  # noqa: E402
 
 DV_ABOVE = "trickle.apply.deletionVectorsAboveRows"
+VECTORS_ABOVE = "trickle.apply.vectorsAboveRows"
+#: each path's settings: (deletionVectorsAboveRows, vectorsAboveRows)
+PATHS = {"delta-rs MERGE": (str(10**15), "-1"), "Spark MERGE with deletion vectors": ("0", "-1"),
+         "own commit with deletion vectors": (str(10**15), "0")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         create_sources(spark, args.rows)
         st = StreamTables(spark, root=f"{wh}/_trickle")
-        paths = {"delta-rs": str(10**15), "deletion vectors": "0"}
+        paths = PATHS
         names = {k: f"scan_{i}" for i, k in enumerate(paths)}
         for name in names.values():
             st.create_stream_table(name, SHAPES["scan"], refresh_mode="DIFFERENTIAL")
@@ -49,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         next_id = args.rows
         for i in range(args.rounds + 1):
             next_id = change_cycle(spark, args.rows, args.changed / args.rows, i + 1, next_id)
-            for k in (list(paths) if i % 2 else list(reversed(paths))):
-                spark.conf.set(DV_ABOVE, paths[k])
+            order = list(paths)
+            for k in order[i % len(order):] + order[:i % len(order)]:
+                spark.conf.set(DV_ABOVE, paths[k][0])
+                spark.conf.set(VECTORS_ABOVE, paths[k][1])
                 t0 = time.perf_counter()
                 r = st.refresh_stream_table(names[k])
                 took = time.perf_counter() - t0
@@ -58,13 +64,15 @@ def main(argv: list[str] | None = None) -> int:
                 if i:
                     times[k].append(took)
         spark.conf.unset(DV_ABOVE)
+        spark.conf.unset(VECTORS_ABOVE)
         cols = ["id", "region", "dim_id", "amount"]
         same = [sorted(map(tuple, st.read(n).select(*cols).collect())) for n in names.values()]
         print(f"{args.rows:,} stored rows, {args.changed} changed rows per round, median of {args.rounds}:")
         for k, v in times.items():
             print(f"  {k}: {statistics.median(v):.2f} s")
-        print(f"  same rows: {'yes' if same[0] == same[1] else 'NO'}")
-        return 0 if same[0] == same[1] else 1
+        alike = all(s == same[0] for s in same)
+        print(f"  same rows: {'yes' if alike else 'NO'}")
+        return 0 if alike else 1
     finally:
         spark.stop()
 
