@@ -267,10 +267,13 @@ def unusable(path: str, protocol: dict[str, Any] | None, configuration: dict[str
     return None
 
 
-def locate(root: str, files: dict[str, dict[str, Any]], hashes: pa.Array) -> pa.Table:
+def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array) -> pa.Table:
     """``__file``, ``__position``, ``__row_id`` and ``__row_hash`` of every live stored row whose hash is in
     ``hashes``: each live file's two id columns are read (files whose hash bounds hold none are skipped), and
     positions its vector already deletes are left out."""
+    root = _local(path)
+    if root is None:
+        raise Unusable(f"{path} is not on a local file system")
     wanted = np.unique(hashes.to_numpy(zero_copy_only=False).astype(np.int64))
     empty = pa.table({FILE: pa.array([], pa.string()), POSITION: pa.array([], pa.int64()),
                       ROW_ID: pa.array([], pa.int64()), ROW_HASH: pa.array([], pa.int64())})

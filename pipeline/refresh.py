@@ -580,7 +580,11 @@ class Refresher:
         hashes = plain_rows.negative_hashes(delta)
         marking = self._marking(d, log, protocol, read_version, delta.num_rows, len(hashes))
         if marking is not None:
-            return self._commit_marked(d, plan, ctx, delta, hashes, marking, log, record, read_version)
+            try:
+                return self._commit_marked(d, plan, ctx, delta, hashes, marking, log, record, read_version)
+            except deletion_vectors.Unusable as e:  # e.g. a V2 checkpoint: the paths below take the table
+                record["apply_note"] = f"deletion vectors not written: {e}"
+                protocol = DeltaLog(self.spark, d.path).protocol(read_version)
         stored = (plain_rows.stored_with_hashes(self.spark, d.path, read_version, hashes, protocol)
                   if len(hashes) else None)
         rows = plain_rows.changes(delta, stored, plan.stored_columns(), ctx.salt)
