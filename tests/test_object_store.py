@@ -395,3 +395,28 @@ def test_transaction_topic_table_on_s3_commits_each_batch_once(spark: Any, s3: S
     ends = [e for c in commits for e in kt.ends_in(c)]
     assert ends == [("571", {"public.orders": 2, "public.lines": 1})], ends
     assert not any("delta-rs" in str(c.get("engineInfo") or c.get("clientVersion")) for c in commits)
+
+
+def test_delta_rs_never_opens_a_table_that_is_not_local() -> None:
+    """Every delta-rs entry point of mirrors and stream tables, given an ``s3a://`` path: the readers answer
+    None (their callers ask Spark), the openers and writers refuse; none reaches a store without its settings."""
+    from connectors import delta_rs
+
+    path = f"s3a://{BUCKET}/not_local"
+    assert "not on a local file system" in (delta_rs.unusable(path, {"minReaderVersion": 1, "minWriterVersion": 2})
+                                            or "")
+    readers = {"read_small": lambda: delta_rs.read_small(path, 0, 1 << 20, 100),
+               "read_changes": lambda: delta_rs.read_changes(path, 0, 1, 100),
+               "rows_with": lambda: delta_rs.rows_with(path, 0, ["a"], "a", []),
+               "table_rows": lambda: delta_rs.table_rows(path, 0),
+               "table_bytes": lambda: delta_rs.table_bytes(path, 0)}
+    assert {name: read() for name, read in readers.items()} == dict.fromkeys(readers)
+    record, txn = {"refresh": 1}, {"txn_version": 1, "app_id": "a"}
+    writers = [lambda: delta_rs.opened(path, 0), lambda: delta_rs.dataset(path, 0),
+               lambda: delta_rs.append(path, None, record, 0, **txn),
+               lambda: delta_rs.overwrite(path, None, record, 0, **txn),
+               lambda: delta_rs.merge(path, None, ["a"], False, record, 0, **txn),
+               lambda: delta_rs.upsert_keyed(path, None, ["a"], ["a"], {}, {}, 0, "a", 1)]
+    for write in writers:
+        with pytest.raises(delta_rs.NotLocal, match="delta-rs is used for local tables only"):
+            write()
