@@ -104,7 +104,11 @@ def apply_batch(batch: Any, batch_id: int, tx: TransactionTopic, app_id: str) ->
                                  schema=schema)
     record = {META_KEY: {"batch_id": batch_id, "ends": [[r["id"], r["data_collections"]] for r in rows]}}
     if is_local(path):
-        delta_rs.append(path, table, record, int(version or 0), batch_id, app_id)
+        # delta-rs records the (app id, batch id) but, unlike Spark's writer, does not skip a write it already
+        # committed: a batch replayed after a crash would append its ENDs twice
+        done = delta_rs.opened(path, int(version or 0)).transaction_version(app_id)
+        if done is None or done < batch_id:
+            delta_rs.append(path, table, record, int(version or 0), batch_id, app_id)
     else:  # Spark's log store for the scheme makes the commit put-if-absent (see connectors/storage.py)
         (spark.createDataFrame(table).write.format("delta").mode("append").option("txnAppId", app_id)
          .option("txnVersion", batch_id).option("userMetadata", json.dumps({TRICKLE_KEY: record}, sort_keys=True))

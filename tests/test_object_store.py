@@ -301,11 +301,12 @@ def _s3_database(spark: Any, unique_name: Any, prefix: str) -> str:
     return db
 
 
-def _mirror_commits(spark: Any, table: str) -> list[dict[str, Any]]:
+def _mirror_commits(spark: Any, table: str, local: bool = False) -> list[dict[str, Any]]:
+    """The commit infos of a table's commits after its creation (checking it is where it should be)."""
     from connectors.delta_log import DeltaLog
 
     location = str(spark.sql(f"DESCRIBE DETAIL {table}").first()["location"])
-    assert location.startswith(f"s3a://{BUCKET}/"), location
+    assert location.startswith("file:/" if local else f"s3a://{BUCKET}/"), location
     log = DeltaLog(spark, location)
     return [log.commit_info(v) for v in range(1, (log.latest_version() or 0) + 1)]
 
@@ -369,14 +370,22 @@ def test_kafka_source_with_its_mirror_and_stream_table_on_s3(
     st.drop_stream_table(name)
 
 
-def test_transaction_topic_table_on_s3_commits_each_batch_once(spark: Any, s3: S3Server, unique_name: Any) -> None:
+@pytest.mark.parametrize("store", ["s3", "local"])
+def test_transaction_topic_table_commits_each_batch_once(spark: Any, s3: S3Server, unique_name: Any,
+                                                         tmp_path: Path, store: str) -> None:
     """A transaction topic's table in the bucket: its ENDs are committed by Spark's writer (delta-rs, which
     would reach S3 without its settings, is not asked), with the ENDs in the commit's metadata, and a replayed
-    batch commits nothing."""
+    batch commits nothing. The same on the local disk, where delta-rs commits them."""
     from connectors import kafka_transactions as kt
     from connectors.kafka_mirror import _app_id
 
-    db = _s3_database(spark, unique_name, "txn_s3")
+    if store == "s3":
+        db = _s3_database(spark, unique_name, "txn_s3")
+        checkpoint = f"s3a://{BUCKET}/{db}/_checkpoints/transactions"
+    else:
+        db = unique_name("txn_local")
+        spark.sql(f"CREATE DATABASE {db} LOCATION '{tmp_path / db}'")
+        checkpoint = str(tmp_path / "_checkpoints" / "transactions")
     tx = kt.TransactionTopic(f"{db}.transactions", "shop.transaction", "127.0.0.1:1")
     kt.create_tables(spark, tx)
     end = {"status": "END", "id": "571:53195829", "event_count": 3, "ts_ms": 1,
@@ -385,16 +394,17 @@ def test_transaction_topic_table_on_s3_commits_each_batch_once(spark: Any, s3: S
     records = [(None, json.dumps({"status": "BEGIN", "id": "571:53195829"}).encode(), "shop.transaction", 0, 0),
                (None, json.dumps(end).encode(), "shop.transaction", 0, 1)]
     batch = spark.createDataFrame(records, "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT")
-    app = _app_id(f"s3a://{BUCKET}/{db}/_checkpoints/transactions")
+    app = _app_id(checkpoint)
     assert kt.apply_batch(batch, 0, tx, app) == 1
     assert kt.apply_batch(batch, 0, tx, app) == 1  # a replay after a crash: Delta skips the write
     rows = spark.table(tx.name).collect()
     assert [(r["id"], r["event_count"], dict(r["data_collections"])) for r in rows] == [
         ("571", 3, {"public.orders": 2, "public.lines": 1})]  # PostgreSQL's <xid>:<LSN> is named by its xid
-    commits = _mirror_commits(spark, tx.name)
+    commits = _mirror_commits(spark, tx.name, local=store == "local")
     ends = [e for c in commits for e in kt.ends_in(c)]
     assert ends == [("571", {"public.orders": 2, "public.lines": 1})], ends
-    assert not any("delta-rs" in str(c.get("engineInfo") or c.get("clientVersion")) for c in commits)
+    engines = {"delta-rs" in str(c.get("engineInfo") or c.get("clientVersion")) for c in commits}
+    assert engines == {store == "local"}, commits
 
 
 def test_delta_rs_never_opens_a_table_that_is_not_local() -> None:
