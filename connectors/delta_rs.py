@@ -17,6 +17,17 @@ Why it is safe:
   again). Local files get their atomic put-if-absent from delta-rs' rename without replace.
 * :func:`unusable` refuses tables with protocol features delta-rs does not write (deletion vectors, row
   tracking, ...) and stores delta-rs cannot reach by the same URI as Spark; Spark's MERGE takes those.
+
+Local tables only, on purpose (issue 18): a table on ``s3a://``, ``abfss://``, ``gs://``, ``hdfs://`` is
+committed and read by Spark. delta-rs could reach S3 given options derived from Spark's Hadoop settings,
+but only a subset of them (S3A's credential providers, per-bucket settings, encryption, requester-pays
+have no one-to-one delta-rs option, and the other stores' connectors none at all), and a commit is only
+as safe as the put-if-absent of its log entry: delta-rs gets it on S3 only when told the store honours
+``If-None-Match`` (or with a DynamoDB lock), and a wrong guess loses commits silently. Spark's writer
+needs nothing more than Spark itself (its log store for the scheme; on S3
+``io.sparktrickle.S3ConditionalLogStore``), so correctness wins over the tens of milliseconds. Every
+entry point here checks the path: readers answer None (the caller asks Spark), and a commit or an open
+given a non-local path raises :class:`NotLocal` rather than reaching a store with no settings.
 """
 
 from __future__ import annotations
@@ -38,6 +49,21 @@ WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "ch
 
 class CommitFailed(Exception):
     """delta-rs did not commit (the table moved past the version the refresh read, or a conflict)."""
+
+
+class NotLocal(ValueError):
+    """A delta-rs commit or open was asked for a table that is not on the local file system: a caller
+    skipped :func:`unusable`. Spark must write (and read) it (see the module docstring)."""
+
+
+def _local_or_refuse(path: str) -> str:
+    """The local path of ``path``; :class:`NotLocal` for any other store, so that no delta-rs writer or reader
+    is ever opened on a URI with none of the store's settings (it would reach the wrong endpoint, or AWS)."""
+    local = _local(path)
+    if local is None:
+        raise NotLocal(f"{path} is not on the local file system: delta-rs is used for local tables only, "
+                       "Spark writes this one (see connectors/delta_rs.py)")
+    return local
 
 
 def unusable(path: str, protocol: dict[str, Any] | None) -> str | None:
@@ -227,9 +253,7 @@ def _stamp(local: str, version: int) -> tuple[int, int, int] | None:
 
 
 def _cached(kind: str, path: str, version: int, make: Any) -> Any:
-    local = _local(path)
-    if local is None:
-        return make(path)
+    local = _local_or_refuse(path)
     stamp = _stamp(local, version)
     if stamp is None:  # only a checkpoint left for this version, or none: no cache
         return make(local)
@@ -435,10 +459,7 @@ def _committing(path: str, version: int) -> Iterator[Any]:
     lock, and the table is taken out while in use, so no two commits go through one object."""
     from deltalake import DeltaTable
 
-    local = _local(path)
-    if local is None:
-        yield DeltaTable(path, version=version)
-        return
+    local = _local_or_refuse(path)
     key = os.path.abspath(local)
     with _WRITERS_LOCK:
         kept = _WRITERS.pop(key, None)

@@ -24,6 +24,14 @@ Exactly once across restarts: both writes are Delta *idempotent* writes keyed by
 id). Spark replays an uncommitted batch with the same id after a crash; Delta then skips a write it already
 committed. The application id is created with the checkpoint (a new checkpoint is a new stream: its batch
 ids restart at 0 and must not be mistaken for old ones).
+
+Which writer commits a batch: a small batch into a mirror on the local disk is committed by delta-rs on the
+driver (:func:`_apply_on_driver`, tens of milliseconds); every other batch, and every batch into a mirror on
+an object store or HDFS (``s3a://``, ``abfss://``, ``gs://``, ``hdfs://``), by Spark's MERGE. On such a store
+Spark's log store for the scheme makes the commit put-if-absent (on S3
+``io.sparktrickle.S3ConditionalLogStore``: ``If-None-Match: *``), with Spark's own store settings;
+:mod:`connectors.delta_rs` says why delta-rs is not given them. Both writers use the same (application
+id, batch id), so a batch replayed after a switch is still skipped.
 """
 
 from __future__ import annotations
@@ -299,7 +307,8 @@ def _apply_on_driver(batch: Any, batch_id: int, src: KafkaSource, app_id: str, m
     MERGE costs a second or more of jobs even for ten events, which was half of the time from producer to
     stream table (docs/BENCHMARKS.md); delta-rs commits the same in tens of milliseconds. None when the batch
     is left to the Spark path: too many records, a record that does not decode (the dead letters are written
-    by Spark), a truncate, a NULL key, or a mirror delta-rs may not write."""
+    by Spark), a truncate, a NULL key, or a mirror delta-rs may not write (a table feature it does not
+    write, or a mirror not on the local disk: :func:`connectors.delta_rs.unusable`)."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 

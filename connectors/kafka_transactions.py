@@ -12,9 +12,11 @@ Layout: one row per END (``id``, ``event_count``, ``data_collections`` as a map 
 its Kafka partition and offset), and the same ENDs in each commit's metadata (``{"trickle":
 {"trickle_transactions": {"batch_id": n, "ends": [[id, {table: count}], ...]}}}``), so a refresh reads new
 ENDs from the Delta log's commit files without a scan. One commit per micro-batch that holds an END,
-idempotent by the batch id (delta-rs, on the driver: an END is a few hundred bytes). BEGIN records and
-tombstones are skipped; a record that is not a transaction boundary goes to ``<name>_dead_letter`` with
-the reason, like a mirror's.
+idempotent by the batch id: delta-rs on the driver for a table on the local disk (an END is a few hundred
+bytes), Spark's writer for one on any other store (``s3a://``, ...; see :mod:`connectors.delta_rs` for
+why delta-rs is kept to local tables), with the same application id, version and metadata, so either
+commit makes a replayed batch a no-op. BEGIN records and tombstones are skipped; a record that is not a
+transaction boundary goes to ``<name>_dead_letter`` with the reason, like a mirror's.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.debezium import DecodeError, decode_transaction_end
+from connectors.delta_log import TRICKLE_KEY
 from connectors.kafka_mirror import DEAD_LETTER_DDL, _app_id, _location, stream
+from connectors.storage import is_local
 
 #: the commit-metadata key of a transaction mirror's batch
 META_KEY = "trickle_transactions"
@@ -99,7 +103,16 @@ def apply_batch(batch: Any, batch_id: int, tx: TransactionTopic, app_id: str) ->
     table = pa.Table.from_pylist([{**r, "data_collections": list(r["data_collections"].items())} for r in rows],
                                  schema=schema)
     record = {META_KEY: {"batch_id": batch_id, "ends": [[r["id"], r["data_collections"]] for r in rows]}}
-    delta_rs.append(path, table, record, int(version or 0), batch_id, app_id)
+    if is_local(path):
+        # delta-rs records the (app id, batch id) but, unlike Spark's writer, does not skip a write it already
+        # committed: a batch replayed after a crash would append its ENDs twice
+        done = delta_rs.opened(path, int(version or 0)).transaction_version(app_id)
+        if done is None or done < batch_id:
+            delta_rs.append(path, table, record, int(version or 0), batch_id, app_id)
+    else:  # Spark's log store for the scheme makes the commit put-if-absent (see connectors/storage.py)
+        (spark.createDataFrame(table).write.format("delta").mode("append").option("txnAppId", app_id)
+         .option("txnVersion", batch_id).option("userMetadata", json.dumps({TRICKLE_KEY: record}, sort_keys=True))
+         .save(path))
     return len(rows)
 
 

@@ -19,9 +19,11 @@ What must be atomic, and how each store gets it:
   name exists). S3: a PUT with ``If-None-Match: *`` (S3A's ``fs.option.create.conditional.overwrite``,
   Hadoop 3.4.2+; S3 answers 412 to the loser). HDFS, GCS and ADLS: ``create(overwrite=false)``, which their
   connectors implement atomically (the name node; a generation precondition; ``If-None-Match``).
-* Stream tables and mirrors are Delta tables: their commits are Delta's put-if-absent of the next log
-  entry (Spark's LogStore for the scheme; delta-rs is used only for local tables, see
-  :func:`connectors.delta_rs.unusable`). On S3 with several writing processes set
+* Stream tables, Kafka mirrors and transaction tables are Delta tables: their commits are Delta's
+  put-if-absent of the next log entry (Spark's LogStore for the scheme). delta-rs commits local tables
+  only: given a store's URI it would need this store's settings a second time, in its own terms, and a
+  put-if-absent it gets on S3 only when told the store honours it (see :mod:`connectors.delta_rs`). On S3
+  with several writing processes set
   ``spark.delta.logStore.s3a.impl=io.sparktrickle.S3ConditionalLogStore`` (``jars/src``): Delta's default S3
   log store checks-then-writes, atomic within one JVM only; ours writes each entry with ``If-None-Match``.
 """

@@ -53,13 +53,19 @@ SMALL_MACHINE_DEFAULTS: dict[str, str] = {
 CLASSPATH_ONLY_JARS = ("bundle-", "hadoop-aws-")
 
 
-def jars_dir() -> Path:
-    """Where set-up put the Delta and Kafka jars (``jars/lib``); ``TRICKLE_JARS_DIR`` overrides it."""
-    return Path(os.environ.get("TRICKLE_JARS_DIR", PROJECT_ROOT / "jars" / "lib"))
+def jars_dir(fetch: bool = True) -> Path:
+    """Where the Delta and Kafka jars are: ``TRICKLE_JARS_DIR``, else ``jars/lib`` of a source checkout (filled
+    by ``./dev setup``), else the per-user cache an installed package fills with Maven on first use (see
+    :mod:`pipeline.jvm_jars`)."""
+    from pipeline import jvm_jars
+
+    return jvm_jars.jars_dir(fetch)
 
 
 def local_jars() -> list[str]:
-    d = jars_dir()
+    # Under spark-submit the driver's classpath is fixed already: its --jars are the ones that count, and
+    # an installed package does not fetch its own then (see _require_delta for the error without them)
+    d = jars_dir(fetch="PYSPARK_GATEWAY_PORT" not in os.environ)
     return sorted(str(p) for p in d.glob("*.jar")) if d.is_dir() else []
 
 

@@ -8,10 +8,15 @@ S3-compatible server started here (moto's server, :mod:`services.s3`), through H
 * ``trickle run`` of a conf file whose warehouse is ``s3a://``: it refreshes on schedule while this process
   refreshes the same stream table too (two processes, one store; the oracle compares), and a second
   ``trickle run`` of the same file is refused with a clear error while the first one lives.
+* A Kafka source (a real broker, :mod:`services.kafka`) whose mirror, checkpoint and stream table are in the
+  bucket: inserts, updates, deletes and key changes reach the stream table (oracle), a restart of the
+  ingestion query from its checkpoint on S3 loses and repeats nothing, and a transaction topic's table in
+  the bucket is committed by Spark, once per batch.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -277,3 +282,151 @@ def test_catalog_views_over_the_catalog_files(spark: Any, st: Any, make_source: 
     st.register_catalog_views()
     assert [r[0] for r in spark.sql("SELECT name FROM trickle_stream_tables").collect()] == [name]
     assert spark.sql(f"SELECT count(*) FROM trickle_history WHERE name = '{name}'").collect()[0][0] == 1
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from services.kafka import KafkaBroker
+
+    b = KafkaBroker(tmp_path_factory.mktemp("kafka")).start()
+    yield b
+    b.stop()
+
+
+def _s3_database(spark: Any, unique_name: Any, prefix: str) -> str:
+    """A database whose tables are created in the bucket: a Kafka source's mirror and dead-letter table are
+    managed tables, created where their database lives (as with ``warehouse: s3a://...`` in a conf file)."""
+    db = unique_name(prefix)
+    spark.sql(f"CREATE DATABASE {db} LOCATION 's3a://{BUCKET}/{db}'")
+    return db
+
+
+def _mirror_commits(spark: Any, table: str, local: bool = False) -> list[dict[str, Any]]:
+    """The commit infos of a table's commits after its creation (checking it is where it should be)."""
+    from connectors.delta_log import DeltaLog
+
+    location = str(spark.sql(f"DESCRIBE DETAIL {table}").first()["location"])
+    assert location.startswith("file:/" if local else f"s3a://{BUCKET}/"), location
+    log = DeltaLog(spark, location)
+    return [log.commit_info(v) for v in range(1, (log.latest_version() or 0) + 1)]
+
+
+def test_kafka_source_with_its_mirror_and_stream_table_on_s3(
+        spark: Any, s3: S3Server, broker: Any, unique_name: Any) -> None:
+    """Debezium events from a real broker, mirrored into the bucket by Spark's MERGE (delta-rs is kept to local
+    tables), read by a stream table in the bucket: after every round the mirror equals the source and the
+    stream table its query; the ingestion query is stopped, events arrive meanwhile, and the restart from
+    its checkpoint on S3 applies them, each micro-batch committed once."""
+    from kafka import KafkaProducer
+    from test_kafka_e2e import COLUMNS, Model, _check_mirror, _wait
+
+    from connectors import kafka_mirror
+    from connectors.debezium import SourceSchema
+    from pipeline import StreamTables
+
+    db = _s3_database(spark, unique_name, "kafka_s3")
+    mirror, topic = f"{db}.orders", f"shop.public.{db}"
+    broker.create_topic(topic, partitions=1)
+    src = kafka_mirror.KafkaSource(mirror, topic, broker.bootstrap, SourceSchema(COLUMNS, ("id",)))
+    ckpt = f"s3a://{BUCKET}/{db}/_checkpoints/mirror"
+    st = StreamTables(spark, root=f"s3a://{BUCKET}/{db}/_trickle")
+    query = f"SELECT customer, SUM(amount) AS total, COUNT(*) AS n, MAX(qty) AS top_qty FROM {mirror} GROUP BY customer"
+    name = unique_name("kafka_totals")
+    model = Model(seed=5, topic=topic)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+    ingest = None
+    try:
+        model.snapshot(20)
+        model.flush(producer)
+        ingest = kafka_mirror.start(spark, src, ckpt, trigger_seconds=0.2)
+        _wait(ingest, "ingestion")
+        _check_mirror(spark, mirror, model, "after the snapshot")
+        st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL")
+        for rnd in (1, 2, 3):
+            model.round(15)
+            if rnd == 2:  # stopped while events arrive: the restart must resume from the offsets on S3
+                ingest.stop()
+                model.flush(producer)
+                ingest = kafka_mirror.start(spark, src, ckpt, trigger_seconds=0.2)
+            else:
+                model.flush(producer)
+            _wait(ingest, "ingestion")
+            _check_mirror(spark, mirror, model, f"round {rnd}")
+            st.refresh_stream_table(name)
+            assert_matches(spark, st, name, query, f"round {rnd}")
+    finally:
+        if ingest is not None:
+            ingest.stop()
+        producer.close()
+    assert "DIFFERENTIAL" in {h["action"] for h in st.history(name, limit=20)}
+    commits = _mirror_commits(spark, mirror)
+    batches = [json.loads(c["userMetadata"])["trickle_mirror"]["batch_id"] for c in commits if c.get("userMetadata")]
+    assert batches and len(batches) == len(set(batches)), f"a micro-batch was committed twice: {batches}"
+    engines = {str(c.get("engineInfo") or c.get("clientVersion")) for c in commits}
+    assert not any("delta-rs" in e for e in engines), engines
+    keys = _keys(s3, f"{db}/")
+    assert any(k.startswith(f"{db}/_checkpoints/mirror/offsets/") for k in keys)
+    assert any(k.startswith(f"{db}/_trickle/tables/{name}/_delta_log/") for k in keys)
+    st.drop_stream_table(name)
+
+
+@pytest.mark.parametrize("store", ["s3", "local"])
+def test_transaction_topic_table_commits_each_batch_once(spark: Any, s3: S3Server, unique_name: Any,
+                                                         tmp_path: Path, store: str) -> None:
+    """A transaction topic's table in the bucket: its ENDs are committed by Spark's writer (delta-rs, which
+    would reach S3 without its settings, is not asked), with the ENDs in the commit's metadata, and a replayed
+    batch commits nothing. The same on the local disk, where delta-rs commits them."""
+    from connectors import kafka_transactions as kt
+    from connectors.kafka_mirror import _app_id
+
+    if store == "s3":
+        db = _s3_database(spark, unique_name, "txn_s3")
+        checkpoint = f"s3a://{BUCKET}/{db}/_checkpoints/transactions"
+    else:
+        db = unique_name("txn_local")
+        spark.sql(f"CREATE DATABASE {db} LOCATION '{tmp_path / db}'")
+        checkpoint = str(tmp_path / "_checkpoints" / "transactions")
+    tx = kt.TransactionTopic(f"{db}.transactions", "shop.transaction", "127.0.0.1:1")
+    kt.create_tables(spark, tx)
+    end = {"status": "END", "id": "571:53195829", "event_count": 3, "ts_ms": 1,
+           "data_collections": [{"data_collection": "public.orders", "event_count": 2},
+                                {"data_collection": "public.lines", "event_count": 1}]}
+    records = [(None, json.dumps({"status": "BEGIN", "id": "571:53195829"}).encode(), "shop.transaction", 0, 0),
+               (None, json.dumps(end).encode(), "shop.transaction", 0, 1)]
+    batch = spark.createDataFrame(records, "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT")
+    app = _app_id(checkpoint)
+    assert kt.apply_batch(batch, 0, tx, app) == 1
+    assert kt.apply_batch(batch, 0, tx, app) == 1  # a replay after a crash: Delta skips the write
+    rows = spark.table(tx.name).collect()
+    assert [(r["id"], r["event_count"], dict(r["data_collections"])) for r in rows] == [
+        ("571", 3, {"public.orders": 2, "public.lines": 1})]  # PostgreSQL's <xid>:<LSN> is named by its xid
+    commits = _mirror_commits(spark, tx.name, local=store == "local")
+    ends = [e for c in commits for e in kt.ends_in(c)]
+    assert ends == [("571", {"public.orders": 2, "public.lines": 1})], ends
+    engines = {"delta-rs" in str(c.get("engineInfo") or c.get("clientVersion")) for c in commits}
+    assert engines == {store == "local"}, commits
+
+
+def test_delta_rs_never_opens_a_table_that_is_not_local() -> None:
+    """Every delta-rs entry point of mirrors and stream tables, given an ``s3a://`` path: the readers answer
+    None (their callers ask Spark), the openers and writers refuse; none reaches a store without its settings."""
+    from connectors import delta_rs
+
+    path = f"s3a://{BUCKET}/not_local"
+    assert "not on a local file system" in (delta_rs.unusable(path, {"minReaderVersion": 1, "minWriterVersion": 2})
+                                            or "")
+    readers = {"read_small": lambda: delta_rs.read_small(path, 0, 1 << 20, 100),
+               "read_changes": lambda: delta_rs.read_changes(path, 0, 1, 100),
+               "rows_with": lambda: delta_rs.rows_with(path, 0, ["a"], "a", []),
+               "table_rows": lambda: delta_rs.table_rows(path, 0),
+               "table_bytes": lambda: delta_rs.table_bytes(path, 0)}
+    assert {name: read() for name, read in readers.items()} == dict.fromkeys(readers)
+    record, txn = {"refresh": 1}, {"txn_version": 1, "app_id": "a"}
+    writers = [lambda: delta_rs.opened(path, 0), lambda: delta_rs.dataset(path, 0),
+               lambda: delta_rs.append(path, None, record, 0, **txn),
+               lambda: delta_rs.overwrite(path, None, record, 0, **txn),
+               lambda: delta_rs.merge(path, None, ["a"], False, record, 0, **txn),
+               lambda: delta_rs.upsert_keyed(path, None, ["a"], ["a"], {}, {}, 0, "a", 1)]
+    for write in writers:
+        with pytest.raises(delta_rs.NotLocal, match="delta-rs is used for local tables only"):
+            write()
