@@ -101,6 +101,35 @@ def _alter(was: StreamTableSpec, now: StreamTableSpec, current_query: str) -> Al
     return Alter(now.name.lower(), query, schedule, mode)
 
 
+def at_start(conf: TrickleConf, catalog: dict[str, tuple[str, str | None, str]]) -> list[Alter]:
+    """The ALTERs that bring stream tables already in the catalog (``catalog``: name -> (query, schedule,
+    refresh mode)) to the conf file a run starts with. Why: an edit made while no run was alive would
+    otherwise be ignored, and the table would go on answering its old query."""
+    alters = []
+    for spec in conf.stream_tables:
+        current = catalog.get(spec.name.lower())
+        if current is None:
+            continue
+        query, schedule, mode = current
+        was = dataclasses.replace(spec, query=query, schedule=schedule, refresh_mode=mode)
+        alter = _alter(was, spec, query)
+        if alter is not None:
+            alters.append(alter)
+    return alters
+
+
+def apply(st: StreamTables, alters: list[Alter], log: Any) -> None:
+    """Run the ALTERs, each on its own: one that fails is logged and leaves its table's old definition."""
+    for a in alters:
+        try:
+            st.alter_stream_table(a.name, query=a.query, schedule=a.schedule, refresh_mode=a.refresh_mode)
+            log.event("altered", name=a.name, query_changed=a.query is not None, schedule=a.schedule,
+                      refresh_mode=a.refresh_mode)
+        except Exception as e:  # noqa: BLE001 - one bad definition must not stop the pipeline
+            log.error(f"conf file: ALTER of stream table {a.name} failed, its old definition keeps running: "
+                      f"{type(e).__name__}: {e}")
+
+
 def reload(st: StreamTables, conf: TrickleConf, watched: ConfFile, log: Any) -> TrickleConf:
     """The conf the run goes on with: ``conf`` when the file did not change or is invalid now, else ``conf``
     with the new file's stream tables, after applying what can be applied (see the module docstring)."""
@@ -117,14 +146,7 @@ def reload(st: StreamTables, conf: TrickleConf, watched: ConfFile, log: Any) -> 
     current = {d.name: d.query for d in st.catalog.all()}
     alters, ignored = changes(conf, new, current)
     log.event("conf_changed", conf=str(watched.path), alters=[a.name for a in alters])
-    for a in alters:
-        try:
-            st.alter_stream_table(a.name, query=a.query, schedule=a.schedule, refresh_mode=a.refresh_mode)
-            log.event("altered", name=a.name, query_changed=a.query is not None, schedule=a.schedule,
-                      refresh_mode=a.refresh_mode)
-        except Exception as e:  # noqa: BLE001 - one bad definition must not stop the pipeline
-            log.error(f"conf file: ALTER of stream table {a.name} failed, its old definition keeps running: "
-                      f"{type(e).__name__}: {e}")
+    apply(st, alters, log)
     for note in ignored:
         log.event("conf_not_applied", detail=note)
     return dataclasses.replace(conf, stream_tables=new.stream_tables)

@@ -340,6 +340,9 @@ class Runtime:
 
         self.check_sources()
         existing = {str(r.get("name")) for r in self.st.status()}
+        # tables whose conf entry was edited while no run was alive: brought to the conf first
+        defined = {d.name.lower(): (d.query, d.schedule, d.refresh_mode) for d in self.st.catalog.all()}
+        conf_reload.apply(self.st, conf_reload.at_start(self.conf, defined), self.log)
         for spec in creation_order(self.conf.stream_tables):
             if spec.name.lower() in existing or stop.is_set():
                 continue
