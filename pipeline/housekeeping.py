@@ -4,6 +4,9 @@ Every refresh commits to its stream table and every Kafka batch to its mirror, s
 refreshes leaves tens of thousands of commit files in each ``_delta_log`` and as many small data files in
 each table. :func:`maintain` runs, per stream table and mirror (never on a user's own source tables):
 
+0. **purge**: once deletion vectors (:mod:`connectors.deletion_vectors`) mark more than ``purgeDeletedShare``
+   of a table's stored rows, the marked files are rewritten without them (Spark's ``REORG ... APPLY
+   (PURGE)``, a ``dataChange=false`` commit);
 1. **compaction**: the table's live data files are rewritten into few (delta-rs ``optimize.compact``, a
    ``dataChange=false`` commit that readers and change feeds skip) once there are more than
    ``compactMinFiles`` of them;
@@ -53,6 +56,9 @@ DEFAULTS: dict[str, float] = {
     "compactMinFiles": 16,  # live data files above which a table is compacted
     "retainHours": 168.0,  # data files younger than this are never vacuumed (Delta's default: 7 days)
     "logRetainHours": 720.0,  # log files younger than this are never removed (Delta's default: 30 days)
+    # share of a table's stored rows marked deleted by deletion vectors above which the marked files are
+    # rewritten without them (Spark's REORG ... APPLY (PURGE)); readers skip marked rows but still read them
+    "purgeDeletedShare": 0.2,
 }
 
 
@@ -63,6 +69,7 @@ class Settings:
     compact_min_files: int = int(DEFAULTS["compactMinFiles"])
     retain_hours: float = DEFAULTS["retainHours"]
     log_retain_hours: float = DEFAULTS["logRetainHours"]
+    purge_deleted_share: float = DEFAULTS["purgeDeletedShare"]
 
     @classmethod
     def from_conf(cls, spark: Any, **overrides: Any) -> Settings:
@@ -75,7 +82,7 @@ class Settings:
                 raise ValueError(f"Spark conf {PREFIX}{key}={raw!r} is not a number") from None
 
         s = cls(get("intervalSeconds"), int(get("checkpointEvery")), int(get("compactMinFiles")),
-                get("retainHours"), get("logRetainHours"))
+                get("retainHours"), get("logRetainHours"), get("purgeDeletedShare"))
         return cls(**{**asdict(s), **{k: v for k, v in overrides.items() if v is not None}})
 
 
@@ -86,6 +93,7 @@ class TableReport:
     path: str
     name: str | None = None
     needed_from: int | None = None  # the oldest version a frontier still reads (None: none reads it)
+    purged_rows: int | None = None  # rows marked deleted that a purge dropped from the files, when it ran
     compacted: dict[str, Any] | None = None  # delta-rs' metrics, when it compacted
     checkpoint: int | None = None  # the version checkpointed, when it wrote one
     vacuumed_files: int = 0
@@ -215,6 +223,25 @@ def live_file_count(path: str) -> int:
     return len(DeltaTable(path).get_add_actions(flatten=True))
 
 
+def purge(spark: Any, path: str, report: TableReport, settings: Settings) -> None:
+    """Rewrite the files whose rows deletion vectors mark (see :mod:`connectors.deletion_vectors`) once more
+    than ``purgeDeletedShare`` of the table's stored rows are marked: a ``dataChange=false`` commit by Spark,
+    which change feeds skip. delta-rs' compaction only bin-packs small files, so a large marked file would
+    otherwise keep its deleted rows for good."""
+    from connectors import deletion_vectors
+
+    log = DeltaLog(spark, path)
+    latest = log.latest_version()
+    if latest is None or "deletionVectors" not in ((log.protocol(latest) or {}).get("writerFeatures") or []):
+        return
+    files = deletion_vectors.live_files(log, latest).values()
+    stored = sum(int(json.loads(a["stats"]).get("numRecords", 0)) for a in files if a.get("stats"))
+    marked = sum(int((a.get("deletionVector") or {}).get("cardinality", 0)) for a in files)
+    if stored and marked > settings.purge_deleted_share * stored:
+        spark.sql(f"REORG TABLE delta.`{path}` APPLY (PURGE)")
+        report.purged_rows = marked
+
+
 def compact(path: str, report: TableReport, settings: Settings) -> None:
     from deltalake import DeltaTable
 
@@ -286,10 +313,11 @@ def clean_log(spark: Any, path: str, floor: int | None, report: TableReport, set
 
 def maintain_table(spark: Any, path: str, needed: int | None, floor: int | None, settings: Settings,
                    name: str | None = None, now: float | None = None) -> TableReport:
-    """All four steps on one table; a step that fails is reported and skipped, the others still run."""
+    """All five steps on one table; a step that fails is reported and skipped, the others still run."""
     report = TableReport(path, name, needed)
     now = time.time() if now is None else now
-    steps = [("compaction", lambda: compact(path, report, settings)),
+    steps = [("purge", lambda: purge(spark, path, report, settings)),
+             ("compaction", lambda: compact(path, report, settings)),
              ("checkpoint", lambda: checkpoint(spark, path, report, settings)),
              ("vacuum", lambda: vacuum(spark, path, needed, report, settings, now)),
              ("log cleanup", lambda: clean_log(spark, path, floor, report, settings, now))]
@@ -354,6 +382,8 @@ def _floor(path: str, needed: int | None, own: int | None, spark: Any) -> int | 
 def describe(r: TableReport) -> str:
     """One line per table for the CLI."""
     done = []
+    if r.purged_rows:
+        done.append(f"purged {r.purged_rows} rows marked deleted")
     if r.compacted:
         done.append(f"compacted {r.compacted.get('numFilesRemoved', '?')} files into "
                     f"{r.compacted.get('numFilesAdded', '?')}")

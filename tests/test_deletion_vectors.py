@@ -106,3 +106,34 @@ def test_a_commit_that_loses_its_version_is_retried_and_applied_once(
         assert rows(st.read(name)) == rows(spark.sql(query))
     finally:
         spark.conf.unset(strategy.VECTORS_ABOVE_ROWS)
+
+
+def test_housekeeping_purges_a_table_whose_vectors_mark_many_rows(
+        spark: Any, st: Any, make_source: Any, unique_name: Any) -> None:
+    """Marked rows are skipped by readers but still stored: past ``purgeDeletedShare`` housekeeping rewrites
+    the marked files without them, and the table still answers its query (and refreshes on)."""
+    from pipeline import housekeeping
+
+    spark.conf.set(strategy.VECTORS_ABOVE_ROWS, "0")
+    try:
+        src = make_source("dvp_src", "id INT, v INT", rows=[(i, i % 5) for i in range(40)])
+        name, query = unique_name("dvp"), f"SELECT v FROM {src}"
+        st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL")
+        path = st.catalog.get(name).path
+        spark.sql(f"DELETE FROM {src} WHERE id < 5")
+        assert st.refresh_stream_table(name).apply.startswith("MERGE (vectors)")
+        settings = housekeeping.Settings(compact_min_files=10**6)
+        report = housekeeping.maintain_table(spark, path, None, None, settings)
+        assert report.purged_rows is None, "5 of 40 rows marked: below the share"
+        spark.sql(f"DELETE FROM {src} WHERE id < 20")
+        assert st.refresh_stream_table(name).apply.startswith("MERGE (vectors)")
+        report = housekeeping.maintain_table(spark, path, None, None, settings)
+        assert report.purged_rows == 20 and not report.skipped, report
+        log = DeltaLog(spark, path)
+        assert not [a for a in dv.live_files(log, log.latest_version()).values() if a.get("deletionVector")]
+        assert rows(st.read(name)) == rows(spark.sql(query))
+        spark.sql(f"UPDATE {src} SET v = 9 WHERE id > 35")
+        assert st.refresh_stream_table(name).action == "DIFFERENTIAL"
+        assert rows(st.read(name)) == rows(spark.sql(query))
+    finally:
+        spark.conf.unset(strategy.VECTORS_ABOVE_ROWS)
