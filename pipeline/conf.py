@@ -291,6 +291,9 @@ def load_conf(path: str | os.PathLike[str]) -> TrickleConf:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping (keys: {', '.join(sorted(TOP_LEVEL_KEYS))})")
+    if "libraries" in data or "storage" in data:  # edited under a running `trickle run SPEC` (conf_reload)
+        raise ConfigError(f"{p}: a Spark Declarative Pipelines spec, not a conf file: run it with trickle run "
+                          f"{p.name}; edits to its definitions are applied when trickle run starts again")
     _reject_unknown(p, data, TOP_LEVEL_KEYS, where="top level")
 
     spark = _spark_settings(p, data.get("spark"))
