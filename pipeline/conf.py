@@ -272,6 +272,8 @@ class TrickleConf:
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     sources: list[KafkaSourceSpec | DeltaSourceSpec] = field(default_factory=list)
     checkpoints: Path | None = None
+    #: temporary views its loader registers before the stream tables (an SDP project's, pipeline/sdp.py)
+    views: tuple[str, ...] = ()
 
 
 def load_conf(path: str | os.PathLike[str]) -> TrickleConf:

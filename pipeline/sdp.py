@@ -228,7 +228,8 @@ def load_project(path: Path, spark: Any) -> SdpProject:
     sources += [DeltaSourceSpec(name=ref) for ref in sorted(read - defined) if "." not in ref]
     _check_names(path, sources, specs)
     _check_graph(path, specs)
-    conf = replace(conf, stream_tables=specs, sources=sources)
+    conf = replace(conf, stream_tables=specs, sources=sources,
+                   views=tuple(d.name for d in datasets if d.kind == "view"))
     return SdpProject(conf, [d for d in datasets if d.kind == "view"], {d.name.lower(): d for d in datasets})
 
 
