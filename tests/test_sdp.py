@@ -241,3 +241,70 @@ def test_python_and_streaming_declarations_map(spark: Any, tmp_path: Path) -> No
         ("events", "shop.public.events", ("id",), (("id", "BIGINT"), ("note", "STRING")))]
     assert [(v.name, v.where) for v in project.views] == [("recent", "t/v.py:3")]
     assert {s.name for s in project.conf.sources if s.kind == "delta"} == {"orders"}
+
+
+def test_spec_is_told_apart_from_conf_files(tmp_path: Path) -> None:
+    """No Spark: ``trickle run`` tells an SDP spec from a conf file, and a spec edited under a running
+    ``trickle run`` is refused by the conf loader with what to do (conf_reload logs it)."""
+    from pipeline.conf import load_conf
+    from pipeline.sdp import spec_path
+
+    conf = tmp_path / "pipeline.yaml"
+    conf.write_text("stream_tables: []\n")
+    assert spec_path(conf) is None
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"no Spark Declarative Pipelines spec \(spark-pipeline.yaml or "
+                                          r"spark-pipeline.yml\) in this directory or above it"):
+        spec_path(tmp_path / "empty")
+    spec = _project(tmp_path, {"a.sql": "CREATE MATERIALIZED VIEW m AS SELECT 1 AS x;"})
+    assert spec_path(spec) == spec_path(tmp_path / "empty") == spec.resolve()  # a folder: upwards, as SDP looks
+    with pytest.raises(ConfigError, match="a Spark Declarative Pipelines spec, not a conf file: run it with trickle "
+                                          "run spark-pipeline.yml; edits to its definitions are applied when"):
+        load_conf(spec)
+
+
+@pytest.mark.slow
+def test_trickle_run_of_an_sdp_project(spark: Any, tmp_path: Path) -> None:
+    """``trickle run <project folder>`` end to end, in its own process: it creates the example's stream tables
+    (views first where they are read), refreshes them DIFFERENTIAL after a change of a source, and stops on
+    SIGTERM with status 0. Slow (a JVM of its own, ~1 min): ``pytest -m slow``."""
+    import json
+    import signal
+    import time
+
+    warehouse = tmp_path / "wh"
+    project = _copy_project(tmp_path / "project", "x").parent  # the test's own process: any names do
+    names = {k: f"{k}_x" for k in NAMES}
+    cdf = "TBLPROPERTIES (delta.enableChangeDataFeed = true)"
+    orders, customers = warehouse / names["shop_orders"], warehouse / names["shop_customers"]
+    # By path only: the job registers the warehouse's Delta tables by their folder names.
+    spark.sql(f"CREATE TABLE delta.`{orders}` (id INT, customer_id INT, amount DECIMAL(10,2), status STRING) "
+              f"USING delta {cdf}")
+    spark.sql(f"CREATE TABLE delta.`{customers}` (id INT, name STRING, region STRING) USING delta {cdf}")
+    spark.sql(f"INSERT INTO delta.`{customers}` VALUES (1, 'ann', 'north'), (2, 'bob', NULL)")
+    spark.sql(f"INSERT INTO delta.`{orders}` VALUES (1, 1, 120.00, 'paid'), (2, 2, 30.00, 'open')")
+    log = tmp_path / "run.log"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as out:
+        job = subprocess.Popen([str(VENV_BIN / "trickle"), "run", str(project), "--warehouse", str(warehouse),
+                                "--json"], env=env, stdout=out, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        def events() -> list[dict[str, Any]]:
+            return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+        def wait(cond: Any, timeout_s: float = 300) -> None:
+            deadline = time.time() + timeout_s
+            while not cond():
+                assert job.poll() is None, f"trickle run exited: {log.read_text()[-3000:]}"
+                assert time.time() < deadline, f"timed out: {log.read_text()[-3000:]}"
+                time.sleep(0.5)
+
+        wait(lambda: any(e["event"] == "running" for e in events()))
+        assert [e["name"] for e in events() if e["event"] == "created"] == [names[t] for t in TABLES]
+        spark.sql(f"UPDATE delta.`{orders}` SET status = 'paid' WHERE id = 2")
+        wait(lambda: any(e["event"] == "refresh" and e.get("action") == "DIFFERENTIAL"
+                         and e.get("rows_inserted", 0) + e.get("rows_updated", 0) > 0 for e in events()))
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGTERM)
+        assert job.wait(120) == 0, log.read_text()[-3000:]
