@@ -78,7 +78,6 @@ __all__ = ["KAFKA_PROPS", "Dataset", "SdpProject", "spec_path", "spec_conf", "lo
 KAFKA_PROPS = ("topic", "bootstrap_servers", "key", "dead_letter", "starting_offsets", "transaction_topic")
 _MODE_PROP, _SCHEDULE_PROP, _TRIGGER_PROP = "trickle.refresh_mode", "trickle.schedule", "pipelines.trigger.interval"
 _COMMENT_SETTING = re.compile(r"\btrickle\.(refresh_mode|schedule)\s*[=:]\s*('[^']*'|\"[^\"]*\"|\S+)", re.I)
-_STREAM_RE = re.compile(r"\bSTREAM\s*(?:\(\s*([\w.`]+)\s*\)|\s([\w.`]+))", re.I)
 _INTERVAL_UNITS = {"second": "s", "seconds": "s", "minute": "m", "minutes": "m", "hour": "h", "hours": "h",
                    "day": "d", "days": "d"}
 #: Where a Python definition's decorator comes from: ``pyspark.pipelines`` (``dp``/``sdp`` by custom).
@@ -202,7 +201,7 @@ def load_project(path: Path, spark: Any) -> SdpProject:
         rel = f.relative_to(path.parent.resolve())
         text = f.read_text(encoding="utf-8")
         datasets += _sql_datasets(spark, text, str(rel)) if f.suffix == ".sql" else _python_datasets(text, str(rel))
-    datasets = _attach_flows(datasets)
+    datasets = _attach_flows([_read_streams(spark, d) for d in datasets])
     seen: dict[str, Dataset] = {}
     for d in datasets:
         other = seen.get(d.name.lower())
@@ -224,19 +223,37 @@ def load_project(path: Path, spark: Any) -> SdpProject:
     # What the declarations read and do not declare: the project's Delta sources, by name (a qualified
     # name or a path is read as written, without a source entry).
     defined = {d.name.lower() for d in datasets}
-    read = {ref for d in datasets if d.kind in ("mv", "st", "view") for ref in _reads(d.query)}
-    sources += [DeltaSourceSpec(name=ref) for ref in sorted(read - defined) if "." not in ref]
-    _check_names(path, sources, specs)
-    _check_graph(path, specs)
+    readers = {ref: d for d in reversed(datasets) if d.kind in ("mv", "st", "view") for ref in _reads(d.query)}
+    for ref in sorted(set(readers) - defined):
+        if "." not in ref and not _table_exists(spark, ref):
+            d = readers[ref]
+            raise ConfigError(f"{d.where}: {d.construct}: reads {ref}, which the project does not declare and no "
+                              "table is: create it as a Delta table (with delta.enableChangeDataFeed = true) in "
+                              "the warehouse, or declare it")
+    sources += [DeltaSourceSpec(name=ref) for ref in sorted(set(readers) - defined) if "." not in ref]
+    origins = {d.name.lower(): d for d in datasets}
+    try:
+        _check_names(path, sources, specs)
+        _check_graph(path, specs)
+    except ConfigError as e:  # name the declaration, not a conf file's stream_tables[i]
+        raise ConfigError(re.sub(r"stream_tables\[\d+\] '(\w+)'(\.query)?", lambda m: (
+            f"{origins[m.group(1).lower()].where}: {origins[m.group(1).lower()].construct}"), str(e))) from None
     conf = replace(conf, stream_tables=specs, sources=sources,
                    views=tuple(d.name for d in datasets if d.kind == "view"))
-    return SdpProject(conf, [d for d in datasets if d.kind == "view"], {d.name.lower(): d for d in datasets})
+    return SdpProject(conf, [d for d in datasets if d.kind == "view"], origins)
 
 
 def _without_prefix(message: str, path: Path) -> str:
     """A conf error without its ``<path>: stream_tables[0] 'x':`` lead: the SDP origin replaces it."""
     message = message.removeprefix(f"{path}: ")
     return re.sub(r"^(stream_tables|sources)\[\d+\]( '[^']*')?:?\s*", "", message)
+
+
+def _table_exists(spark: Any, name: str) -> bool:
+    try:
+        return bool(spark.catalog.tableExists(name))
+    except Exception:  # noqa: BLE001 - not a name the catalog can look up
+        return False
 
 
 def _reads(query: str) -> list[str]:
@@ -319,19 +336,18 @@ def _sql_dataset(plan: Any, where: str, text: str) -> Dataset:
     kind = plan.getClass().getSimpleName()
     head = " ".join(text.split())[:60]
     if kind == "CreateMaterializedViewAsSelect":
-        name = _name(plan.name())
+        name = _name(plan.name(), where)
         construct = f"CREATE MATERIALIZED VIEW {name}"
         _no_layout(plan, where, construct)
-        return Dataset("mv", name, _no_stream(plan.originalText(), where, construct, streaming=False), where,
-                       construct, _props(plan.tableSpec()), _option(plan.tableSpec().comment()))
+        return Dataset("mv", name, plan.originalText(), where, construct, _props(plan.tableSpec()),
+                       _option(plan.tableSpec().comment()))
     if kind == "CreateStreamingTableAsSelect":
-        name = _name(plan.name())
+        name = _name(plan.name(), where)
         construct = f"CREATE STREAMING TABLE {name}"
         _no_layout(plan, where, construct)
-        return Dataset("st", name, _no_stream(plan.originalText(), where, construct, streaming=True), where,
-                       construct, _props(plan.tableSpec()))
+        return Dataset("st", name, plan.originalText(), where, construct, _props(plan.tableSpec()))
     if kind == "CreateStreamingTable":
-        name = _name(plan.name())
+        name = _name(plan.name(), where)
         construct = f"CREATE STREAMING TABLE {name}"
         if plan.partitioning().size():
             raise ConfigError(f"{where}: {construct}: PARTITIONED BY is not mapped (stream tables are not "
@@ -341,14 +357,13 @@ def _sql_dataset(plan: Any, where: str, text: str) -> Dataset:
         return Dataset("st_target", name, columns, where, construct, _props(plan.tableSpec()))
     if kind == "CreateFlowCommand":
         op = plan.flowOperation()
-        construct = f"CREATE FLOW {_name(plan.name())}"
+        construct = f"CREATE FLOW {_name(plan.name(), where)}"
         target = ".".join(_seq(op.table().multipartIdentifier())) if op.getClass().getSimpleName() == \
             "InsertIntoStatement" else ""
         m = re.search(r"\bBY\s+NAME\b(.*)\Z", text, re.I | re.S)
         if not target or m is None:
             raise ConfigError(f"{where}: {construct}: only INSERT INTO <table> BY NAME flows are mapped")
-        return Dataset("flow", target, _no_stream(m.group(1).strip(), where, construct, streaming=True), where,
-                       construct)
+        return Dataset("flow", target, m.group(1).strip(), where, construct)
     if kind == "CreateViewCommand" and "Temp" in plan.viewType().toString():
         name = ".".join(_seq(plan.name().nameParts()))
         construct = f"CREATE TEMPORARY VIEW {name}"
@@ -356,7 +371,7 @@ def _sql_dataset(plan: Any, where: str, text: str) -> Dataset:
             raise ConfigError(f"{where}: {construct}: a column list is not mapped; name the columns in the query "
                               "(SELECT a AS x, ...)")
         query = _option(plan.originalText()) or ""
-        return Dataset("view", name, _no_stream(query, where, construct, streaming=False), where, construct)
+        return Dataset("view", name, query, where, construct)
     why = {
         "CreateView": "a persisted view is published to the catalog by SDP; spark-trickle only inlines temporary "
                       "views: use CREATE TEMPORARY VIEW, or a materialized view",
@@ -380,19 +395,33 @@ def _no_layout(plan: Any, where: str, construct: str) -> None:
         raise ConfigError(f"{where}: {construct}: USING {provider} is not mapped: stream tables are Delta tables")
 
 
-def _no_stream(query: str, where: str, construct: str, streaming: bool) -> str:
-    """``query`` with ``STREAM(t)`` read as ``t`` where the construct streams (a streaming table, a flow);
-    a materialized view or a view that reads a stream does not map (SDP refuses it too)."""
-    found = _STREAM_RE.findall(query)
-    if found and not streaming:
-        names = ", ".join(a or b for a, b in found)
-        raise ConfigError(f"{where}: {construct}: reads STREAM({names}): a materialized view or a view reads "
-                          "tables, not streams; read the table without STREAM, or declare a streaming table")
-    if streaming and not found:
-        raise ConfigError(f"{where}: {construct}: its query reads no STREAM(source): only a streaming table "
+def _read_streams(spark: Any, d: Dataset) -> Dataset:
+    """``d`` with ``STREAM(t)`` read as ``t`` where the declaration streams (a streaming table, a flow); a
+    materialized view or a view that reads a stream does not map (SDP refuses it too). Which relations
+    stream is Spark's parser's answer (an ``UnresolvedRelation`` with ``isStreaming``, CTEs included in
+    the plan's tree string), so a column named ``stream`` is never taken for one."""
+    if d.kind not in ("mv", "st", "view", "flow"):
+        return d
+    try:
+        tree = spark._jsparkSession.sessionState().sqlParser().parsePlan(d.query).treeString()
+    except Exception as e:  # noqa: BLE001 - ParseException: Spark names the position
+        raise ConfigError(f"{d.where}: {d.construct}: {_java_message(e)}") from None
+    streams = sorted({m.replace(", ", ".") for m in re.findall(r"UnresolvedRelation \[([^\]]*)\], \[[^\]]*\], true",
+                                                               tree)})
+    if streams and d.kind in ("mv", "view"):
+        raise ConfigError(f"{d.where}: {d.construct}: reads STREAM({', '.join(streams)}): a materialized view or "
+                          "a view reads tables, not streams; read the table without STREAM, or declare a "
+                          "streaming table")
+    if not streams and d.kind in ("st", "flow"):
+        raise ConfigError(f"{d.where}: {d.construct}: its query reads no STREAM(source): only a streaming table "
                           "over STREAM(<Delta table>) maps (to an IMMEDIATE stream table); use a materialized "
                           "view for a batch query")
-    return _STREAM_RE.sub(lambda m: m.group(1) or m.group(2), query).strip()
+    query = d.query
+    for name in streams:
+        ident = r"\s*\.\s*".join(rf"`?{re.escape(p)}`?" for p in name.split("."))
+        query = re.sub(rf"\bSTREAM\s*\(\s*({ident})\s*\)|\bSTREAM\s+({ident})\b",
+                       lambda m: m.group(1) or m.group(2), query, flags=re.I)
+    return replace(d, query=query.strip())
 
 
 def _attach_flows(datasets: list[Dataset]) -> list[Dataset]:
@@ -436,11 +465,11 @@ def _attach_flows(datasets: list[Dataset]) -> list[Dataset]:
     return out
 
 
-def _name(identifier: Any) -> str:
+def _name(identifier: Any, where: str) -> str:
     parts = _seq(identifier.nameParts())
     if len(parts) != 1:
-        raise ConfigError(f"qualified name {'.'.join(parts)}: stream tables live in the default database; use "
-                          "a bare name")
+        raise ConfigError(f"{where}: qualified name {'.'.join(parts)}: stream tables live in the session's "
+                          "default database; use a bare name")
     return parts[0]
 
 
@@ -558,8 +587,7 @@ def _python_dataset(fn: ast.FunctionDef | ast.AsyncFunctionDef, deco: ast.expr, 
     name = str(kwargs.get("name") or fn.name)
     construct = f"@dp.{api} {name}"
     props = {str(k): str(v) for k, v in (kwargs.get("table_properties") or {}).items()}
-    query = _no_stream(sql, where, construct, streaming=kind == "st")
-    return Dataset(kind, name, query, where, construct, props, kwargs.get("comment"))
+    return Dataset(kind, name, sql, where, construct, props, kwargs.get("comment"))
 
 
 # ------------------------------------------------------------------------------------------------ create

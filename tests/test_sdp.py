@@ -200,6 +200,11 @@ def _project(tmp_path: Path, files: dict[str, str], spec_extra: str = "") -> Pat
               "    return spark.range(10)\n"},
      r"t/m\.py:3: @dp\.materialized_view m\(\): not supported: its body must be a single `return "
      r"spark\.sql\(\"<SQL>\"\)`"),
+    ({"a.sql": "CREATE MATERIALIZED VIEW a AS SELECT 1 AS x;\nCREATE MATERIALIZED VIEW m AS\n"
+               "  SELECT * FROM a JOIN nowhere_to_be_found USING (x);"},
+     r"t/a\.sql:2: CREATE MATERIALIZED VIEW m: reads nowhere_to_be_found, which the project does not declare"),
+    ({"a.sql": "CREATE MATERIALIZED VIEW db.m AS SELECT 1 AS x;"},
+     r"t/a\.sql:1: qualified name db\.m: stream tables live in the session's default database"),
     ({"m.py": "import pyspark.pipelines as sdp\n\n@sdp.append_flow(target='x')\ndef f():\n"
               "    return spark.sql('SELECT 1')\n"},
      r"t/m\.py:3: @dp\.append_flow on f\(\): not supported"),
@@ -212,19 +217,20 @@ def test_unmapped_declarations_name_file_line_and_construct(spark: Any, tmp_path
         load_project(_project(tmp_path, files), spark)
 
 
-def test_python_and_streaming_declarations_map(spark: Any, tmp_path: Path) -> None:
+def test_python_and_streaming_declarations_map(spark: Any, tmp_path: Path, make_source: Any) -> None:
     """A streaming table over STREAM(t), one fed by a flow, a Kafka source and a Python temporary view."""
     from pipeline.sdp import load_project, spec_path
 
+    orders = make_source("orders", "id INT, amount DOUBLE")
     spec = _project(tmp_path, {
-        "a.sql": "CREATE STREAMING TABLE big AS SELECT id, amount FROM STREAM(orders) WHERE amount > 10;\n"
+        "a.sql": f"CREATE STREAMING TABLE big AS SELECT id, amount FROM STREAM({orders}) WHERE amount > 10;\n"
                  "CREATE STREAMING TABLE copy;\n"
-                 "CREATE FLOW fill AS INSERT INTO copy BY NAME SELECT * FROM STREAM orders;\n"
+                 f"CREATE FLOW fill AS INSERT INTO copy BY NAME SELECT * FROM STREAM {orders};\n"
                  "CREATE STREAMING TABLE events (id BIGINT, note STRING) TBLPROPERTIES (\n"
                  "  'trickle.kafka.topic' = 'shop.public.events', 'trickle.kafka.bootstrap_servers' = "
                  "'127.0.0.1:9092', 'trickle.kafka.key' = 'id');\n"
                  "CREATE MATERIALIZED VIEW hourly COMMENT 'x' TBLPROPERTIES ('pipelines.trigger.interval' = "
-                 "'1 hour') AS SELECT COUNT(*) AS n FROM recent;",
+                 "'1 hour') AS SELECT COUNT(*) AS stream FROM recent;",  # a column named stream is no STREAM
         "v.py": "from pyspark.pipelines import temporary_view as tv\n\n@tv(name='recent')\ndef r():\n"
                 "    '''doc'''\n    return spark.sql(\"SELECT * FROM events WHERE id > 0\")\n",
     })
@@ -232,15 +238,15 @@ def test_python_and_streaming_declarations_map(spark: Any, tmp_path: Path) -> No
     project = load_project(spec, spark)
     tables = {s.name: (s.refresh_mode, s.schedule, " ".join(s.query.split())) for s in project.conf.stream_tables}
     assert tables == {
-        "big": ("IMMEDIATE", None, "SELECT id, amount FROM orders WHERE amount > 10"),
-        "copy": ("IMMEDIATE", None, "SELECT * FROM orders"),
-        "hourly": ("AUTO", "1h", "SELECT COUNT(*) AS n FROM recent"),
+        "big": ("IMMEDIATE", None, f"SELECT id, amount FROM {orders} WHERE amount > 10"),
+        "copy": ("IMMEDIATE", None, f"SELECT * FROM {orders}"),
+        "hourly": ("AUTO", "1h", "SELECT COUNT(*) AS stream FROM recent"),
     }
     kafka = [s for s in project.conf.sources if s.kind == "kafka"]
     assert [(s.name, s.topic, s.key, s.columns) for s in kafka] == [
         ("events", "shop.public.events", ("id",), (("id", "BIGINT"), ("note", "STRING")))]
     assert [(v.name, v.where) for v in project.views] == [("recent", "t/v.py:3")]
-    assert {s.name for s in project.conf.sources if s.kind == "delta"} == {"orders"}
+    assert {s.name for s in project.conf.sources if s.kind == "delta"} == {orders}
 
 
 def test_spec_is_told_apart_from_conf_files(tmp_path: Path) -> None:
