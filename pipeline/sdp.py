@@ -65,7 +65,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import ConfigError, TrickleError
+from pipeline.errors import ConfigError, TrickleError, UnsupportedError
 
 if TYPE_CHECKING:
     from pipeline.api import StreamTables
@@ -619,6 +619,8 @@ def create(st: StreamTables, project: SdpProject, log: Any, stop: threading.Even
                 st.spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {origin.name} AS {origin.query}")
             else:
                 _create_table(st, tables[name], existing.get(name), log)
+        except UnsupportedError as e:
+            raise UnsupportedError(e.construct, f"{origin.where}: {origin.construct}: {e}") from None
         except TrickleError as e:
             raise type(e)(f"{origin.where}: {origin.construct}: {e}") from None
         except Exception as e:  # noqa: BLE001 - Spark's AnalysisException for a view: name the declaration

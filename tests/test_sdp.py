@@ -314,3 +314,18 @@ def test_trickle_run_of_an_sdp_project(spark: Any, tmp_path: Path) -> None:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGTERM)
         assert job.wait(120) == 0, log.read_text()[-3000:]
+
+
+def test_refused_create_names_the_declaration(spark: Any, st: Any, tmp_path: Path, make_source: Any) -> None:
+    """What only the create finds out (here: DIFFERENTIAL asked of a query it cannot maintain so) is
+    refused naming the file, the line and the construct too, and leaves no stream table behind."""
+    from pipeline.errors import UnsupportedError
+    from pipeline.sdp import create, load_project
+
+    src = make_source("events", "id INT, amount DOUBLE", rows=[(1, 2.0)])
+    spec = _project(tmp_path, {"a.sql": f"CREATE MATERIALIZED VIEW ok_{src} AS SELECT id FROM {src};\n\n"
+                                        "CREATE MATERIALIZED VIEW noisy TBLPROPERTIES ('trickle.refresh_mode' = "
+                                        f"'DIFFERENTIAL') AS SELECT id, rand() AS r FROM {src};"})
+    with pytest.raises(UnsupportedError, match=r"^t/a\.sql:3: CREATE MATERIALIZED VIEW noisy: .*rand"):
+        create(st, load_project(spec, spark), _Log())
+    assert not st.catalog.exists("noisy")
