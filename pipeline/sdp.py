@@ -40,7 +40,7 @@ SDP                                                          spark-trickle
 ``CREATE STREAMING TABLE s AS SELECT ... FROM STREAM(t)``,   IMMEDIATE stream table over ``t`` (a Delta
 or ``CREATE STREAMING TABLE s`` fed by one                   table with Change Data Feed): a streaming
 ``CREATE FLOW f AS INSERT INTO s BY NAME SELECT ...          query refreshes it as ``t``'s changes commit
-FROM STREAM(t)``
+FROM STREAM(t)``, or ``@dp.table`` over such a ``spark.sql``
 ``CREATE STREAMING TABLE s (col TYPE, ...)                   a Kafka source (a Debezium topic mirrored into
 TBLPROPERTIES ('trickle.kafka.topic' = ..., ...)``           the Delta table ``s``), see :data:`KAFKA_PROPS`
 ==========================================================  ===============================================
@@ -192,7 +192,7 @@ def _library_files(path: Path, spec: Any) -> list[Path]:
 def load_project(path: Path, spark: Any) -> SdpProject:
     """Read the spec and every definition file into a conf (sources, stream tables) and views; raise
     :class:`ConfigError` naming the file, the line and the construct for what does not map."""
-    from pipeline.conf import _check_graph, _check_names, _sources, _stream_tables
+    from pipeline.conf import DeltaSourceSpec, _check_graph, _check_names, _sources, _stream_tables
 
     spec = _load_spec(path)
     conf = spec_conf(path)
@@ -215,11 +215,9 @@ def load_project(path: Path, spark: Any) -> SdpProject:
             if d.kind in ("mv", "st"):
                 specs += _stream_tables(path, [_table_item(d)])
             elif d.kind == "kafka":
-                sources += _sources(path, [_kafka_item(spark, d)])
+                sources += _sources(path, [_kafka_item(d)])
         except ConfigError as e:
             raise ConfigError(f"{d.where}: {d.construct}: {_without_prefix(str(e), path)}") from None
-    from pipeline.conf import DeltaSourceSpec
-
     # What the declarations read and do not declare: the project's Delta sources, by name (a qualified
     # name or a path is read as written, without a source entry).
     defined = {d.name.lower() for d in datasets}
@@ -291,7 +289,7 @@ def _interval(text: str | None) -> str | None:
     return text  # the conf's schedule check says what is accepted
 
 
-def _kafka_item(spark: Any, d: Dataset) -> dict[str, Any]:
+def _kafka_item(d: Dataset) -> dict[str, Any]:
     props = {k[len("trickle.kafka."):]: v for k, v in d.properties.items() if k.startswith("trickle.kafka.")}
     unknown = sorted(set(props) - set(KAFKA_PROPS))
     if unknown:
