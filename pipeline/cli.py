@@ -178,8 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sources", action="store_true",
                    help="also maintain the base Delta tables the stream tables read (your own tables)")
 
-    p = add("run", "run the pipeline of a conf file until SIGINT/SIGTERM")
-    p.add_argument("run_conf", metavar="CONF.yaml")
+    p = add("run", "run the pipeline of a conf file, or of a Spark Declarative Pipelines project (its "
+                   "spark-pipeline.yml, or its folder), until SIGINT/SIGTERM")
+    p.add_argument("run_conf", metavar="CONF.yaml|SPEC", help="a conf file, or an SDP spec or project folder: its "
+                   "materialized views become stream tables (see pipeline/sdp.py)")
     p.add_argument("--metrics-port", metavar="PORT", type=int, default=None,
                    help="serve Prometheus metrics on PORT (default: the conf's runtime.metrics_port; 0: off)")
     p.add_argument("--ui", metavar="[HOST:]PORT", default=None,
@@ -218,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     conf_path = args.run_conf if args.command == "run" else args.conf
-    conf = _load_conf(conf_path) if conf_path else None
+    sdp_spec = _sdp_spec(conf_path) if args.command == "run" else None
+    conf = _sdp_conf(sdp_spec) if sdp_spec else _load_conf(conf_path) if conf_path else None
     warehouse = resolve_warehouse(args.warehouse, conf)
 
     if args.command == "demo":
@@ -268,6 +271,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         strict=args.strict,
     )
     try:
+        if sdp_spec is not None:  # its SQL is parsed by SDP's parser, in Spark: only now
+            from pipeline.runtime import check_kafka_reachable
+            from pipeline.sdp import load_project
+
+            args.sdp_project = load_project(sdp_spec, spark)
+            conf = args.sdp_project.conf
+            check_kafka_reachable(conf)
         return handler(args, st, conf)
     finally:
         _quiet_stop(spark)
@@ -282,6 +292,19 @@ def resolve_warehouse(cli_value: str | None, conf: TrickleConf | None) -> Path:
     if conf is not None and conf.warehouse is not None:
         return conf.warehouse
     return location(os.environ.get("TRICKLE_WAREHOUSE") or "warehouse")  # type: ignore[return-value]
+
+
+def _sdp_spec(path: str) -> Path | None:
+    """The Spark Declarative Pipelines spec ``trickle run PATH`` means, or None for a conf file."""
+    from pipeline.sdp import spec_path
+
+    return spec_path(path)
+
+
+def _sdp_conf(spec: Path) -> TrickleConf:
+    from pipeline.sdp import spec_conf
+
+    return spec_conf(spec)
 
 
 def _load_conf(path: str) -> TrickleConf:
@@ -638,6 +661,10 @@ def _cmd_run(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | Non
             page = ui.serve(ui.PipelineView.for_runtime(runtime), args.ui)
             log.event("ui", url=page.url)
         runtime.start_sources()
+        if getattr(args, "sdp_project", None) is not None:  # views and tables in the SDP project's order
+            from pipeline.sdp import create
+
+            create(st, args.sdp_project, log, stop)
         runtime.create_stream_tables(stop)
         runtime.run(stop)
     finally:

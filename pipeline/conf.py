@@ -272,6 +272,8 @@ class TrickleConf:
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     sources: list[KafkaSourceSpec | DeltaSourceSpec] = field(default_factory=list)
     checkpoints: Path | None = None
+    #: temporary views its loader registers before the stream tables (an SDP project's, pipeline/sdp.py)
+    views: tuple[str, ...] = ()
 
 
 def load_conf(path: str | os.PathLike[str]) -> TrickleConf:
@@ -291,6 +293,9 @@ def load_conf(path: str | os.PathLike[str]) -> TrickleConf:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping (keys: {', '.join(sorted(TOP_LEVEL_KEYS))})")
+    if "libraries" in data or "storage" in data:  # edited under a running `trickle run SPEC` (conf_reload)
+        raise ConfigError(f"{p}: a Spark Declarative Pipelines spec, not a conf file: run it with trickle run "
+                          f"{p.name}; edits to its definitions are applied when trickle run starts again")
     _reject_unknown(p, data, TOP_LEVEL_KEYS, where="top level")
 
     spark = _spark_settings(p, data.get("spark"))

@@ -326,7 +326,8 @@ class Runtime:
         a conf source, nor a conf or catalog stream table, nor a table Spark knows."""
         from pipeline.conf import query_sources
 
-        known = {s.name.lower() for s in self.conf.sources} | {s.name.lower() for s in self.conf.stream_tables}
+        known = {s.name.lower() for s in self.conf.sources} | {s.name.lower() for s in self.conf.stream_tables} \
+            | {v.lower() for v in self.conf.views}
         for i, spec in enumerate(self.conf.stream_tables):
             for ref in query_sources(spec):
                 if ref in known or self.st.catalog.exists(ref) or self.spark.catalog.tableExists(ref):
