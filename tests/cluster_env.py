@@ -70,6 +70,43 @@ def spark_home(work: Path) -> Path:
     return home
 
 
+def submit_jars() -> list[str]:
+    """spark-submit's arguments for the jars set-up fetched, split as ``pipeline.session`` splits them: the
+    Delta and Kafka jars shipped with ``--jars``, the AWS SDK bundle and hadoop-aws
+    (``CLASSPATH_ONLY_JARS``) read in place from the driver's and executors' class path.
+
+    Why: every ``--jars`` entry is fetched by each executor (the driver's own in local mode) into a scratch
+    folder of its own. For the 640 MB bundle that was about 10 s and 640 MB of disk per executor and per
+    run, in tests that never touch S3; driver and executors run on this machine, so the path is enough.
+    """
+    from pipeline.session import CLASSPATH_ONLY_JARS, local_jars
+
+    jars = local_jars()
+    assert jars, "set-up did not fetch the Delta and Kafka jars (jars/lib)"
+    shipped = [j for j in jars if not Path(j).name.startswith(CLASSPATH_ONLY_JARS)]
+    in_place = os.pathsep.join(j for j in jars if Path(j).name.startswith(CLASSPATH_ONLY_JARS))
+    args = ["--jars", ",".join(shipped)]
+    if in_place:
+        args += ["--driver-class-path", in_place, "--conf", f"spark.executor.extraClassPath={in_place}"]
+    return args
+
+
+#: The JIT setting of the JVMs these tests start in child processes (spark-submit and its launcher, the
+#: executors a local-cluster worker forks, spark-sql, a ``trickle`` command): C1 only, as the Kafka and
+#: Connect services already run. They live for seconds to a few minutes, mostly starting up, and C2's
+#: compiler threads compete for the machine's two cores with the work itself: a session start, a stream
+#: table and five refreshes took 46-49 s instead of 78-95 s (wall, loaded machine, alternated). The test
+#: session's own JVM keeps C2: a long refresh loop is faster with it (docs/BENCHMARKS.md, JIT).
+SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1"
+
+
+def short_lived_jvm(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with :data:`SHORT_LIVED_JVM` in ``JAVA_TOOL_OPTIONS``, which every JVM reads at start, the
+    ones Spark forks itself included (they inherit the environment); options already there stay."""
+    options = " ".join(filter(None, (env.get("JAVA_TOOL_OPTIONS"), SHORT_LIVED_JVM)))
+    return {**env, "JAVA_TOOL_OPTIONS": options}
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment of a child process that must not find the repository: no PYTHONPATH, no
     TRICKLE_* settings of the developer's shell."""

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from cluster_env import short_lived_jvm
 from oracle import assert_matches
 
 from pipeline import StreamTables
@@ -157,7 +158,7 @@ def test_cli_alter_query(spark: Any, tmp_path: Path, unique_name: Any, monkeypat
 
     q_new = f"SELECT k, SUM(v) AS s, MIN(id) AS first_id FROM {src} WHERE v > 2 GROUP BY k"
     (tmp_path / "new.sql").write_text(q_new + "\n")
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
+    env = short_lived_jvm({**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"})
     good = subprocess.run([str(Path(sys.executable).parent / "trickle"), "--warehouse", str(warehouse), "alter",
                            name, "--query-file", str(tmp_path / "new.sql")], cwd=PROJECT_ROOT, env=env,
                           capture_output=True, text=True, timeout=900)

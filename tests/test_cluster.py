@@ -1,8 +1,11 @@
 """Executors in other processes: the demo and a Kafka-fed IMMEDIATE table through ``spark-submit``.
 
-The master is ``local-cluster[2,1,1024]``: a standalone master and two workers inside the driver's JVM,
-each worker starting its executor as a JVM of its own, with its own Python workers (the Kafka events are
-decoded by ``mapInArrow`` there). The code reaches them the way the README's "Deploying on a cluster" says:
+The master is ``local-cluster[1,2,1024]``: a standalone master and a worker inside the driver's JVM, the
+worker starting an executor as a JVM of its own (two cores: the Kafka topic's two partitions are decoded
+side by side), with its own Python workers (the Kafka events are decoded by ``mapInArrow`` there). One
+executor proves what these tests are about, code that reaches another process only through the shipped
+zip; a second one started another JVM, fetched every jar again and proved nothing more (shuffles between
+executors are Spark's own business). The code reaches them the way the README's "Deploying on a cluster" says:
 the wheel of ``pip wheel .`` given to ``--py-files`` as a zip. Driver, executors and Python workers run an
 interpreter that has the dependencies but not spark-trickle (``cluster_env.deps_only_python``), in a
 folder outside the repository, with no PYTHONPATH: the job can only import the package from the zip.
@@ -23,10 +26,18 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster_env import PROJECT_ROOT, build_wheel, clean_env, deps_only_python, spark_home
+from cluster_env import (
+    PROJECT_ROOT,
+    build_wheel,
+    clean_env,
+    deps_only_python,
+    short_lived_jvm,
+    spark_home,
+    submit_jars,
+)
 from oracle import compare_rows, format_diff
 
-MASTER = "local-cluster[2,1,1024]"
+MASTER = "local-cluster[1,2,1024]"
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +58,6 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _submit(shipped: dict[str, Any], args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    from pipeline.session import local_jars
-
-    jars = local_jars()
-    assert jars, "set-up did not fetch the Delta and Kafka jars (jars/lib)"
     home = shipped["home"]
     cmd = [str(home / "bin" / "spark-submit"), "--master", MASTER,
            "--driver-memory", "2g", "--executor-memory", "1g",
@@ -60,16 +67,16 @@ def _submit(shipped: dict[str, Any], args: list[str], log: Path) -> subprocess.P
            "--conf", "spark.sql.shuffle.partitions=1", "--conf", "spark.default.parallelism=2",
            "--conf", "spark.databricks.delta.snapshotPartitions=1",
            "--conf", "spark.sql.codegen.wholeStage=false", "--conf", "spark.sql.codegen.factoryMode=NO_CODEGEN",
-           "--jars", ",".join(jars), "--py-files", str(shipped["zip"]), str(shipped["job"]), *args]
-    env = clean_env(SPARK_HOME=str(home), PYSPARK_PYTHON=str(shipped["python"]),
-                    PYSPARK_DRIVER_PYTHON=str(shipped["python"]))
+           *submit_jars(), "--py-files", str(shipped["zip"]), str(shipped["job"]), *args]
+    env = short_lived_jvm(clean_env(SPARK_HOME=str(home), PYSPARK_PYTHON=str(shipped["python"]),
+                                    PYSPARK_DRIVER_PYTHON=str(shipped["python"])))
     with log.open("wb") as sink:  # the child keeps its own handle
         return subprocess.Popen(cmd, cwd=shipped["work"], env=env, stdout=sink, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
 
 def _executors_started(log_text: str) -> int:
-    """How many executors the standalone workers launched (each one a JVM of its own)."""
+    """How many executors the standalone worker launched (each one a JVM of its own)."""
     return log_text.count("Launching executor")
 
 
@@ -81,7 +88,7 @@ def test_demo_through_spark_submit_on_a_cluster(shipped: dict[str, Any], tmp_pat
     rc = proc.wait(timeout=600)
     out = log.read_text(errors="replace")
     assert rc == 0, f"the demo failed on {MASTER} (exit {rc}):\n{out[-4000:]}"
-    assert _executors_started(out) >= 2, f"no executors in other processes:\n{out[-2000:]}"
+    assert _executors_started(out) >= 1, f"no executors in other processes:\n{out[-2000:]}"
     # the demo's own oracle: each stream table against its query recomputed over the sources
     verdicts = [ln for ln in out.splitlines() if ln.startswith(("department_tree:", "department_stats:",
                                                                  "department_report:"))]
@@ -196,7 +203,7 @@ def test_kafka_immediate_table_through_spark_submit_on_a_cluster(
         rc = proc.wait(timeout=120)
     out = log.read_text(errors="replace")
     assert rc in (0, 143), f"the job did not stop cleanly on SIGTERM (exit {rc}):\n{out[-3000:]}"
-    assert _executors_started(out) >= 2, f"no executors in other processes:\n{out[-2000:]}"
+    assert _executors_started(out) >= 1, f"no executors in other processes:\n{out[-2000:]}"
     assert "spark_trickle.zip" in out, "the zip was not shipped with the job"
     # the events were decoded in the executors' Python workers (mapInArrow), which import connectors from
     # the zip: their interpreter has no other copy

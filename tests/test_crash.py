@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_env import short_lived_jvm, submit_jars
 from oracle import assert_matches, compare_rows, format_diff
 from test_kafka_e2e import COLUMNS, Model, broker  # noqa: F401 - the module-scoped broker fixture
 
@@ -31,13 +32,13 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _spark_submit() -> list[str]:
-    jars = ",".join(sorted(str(p) for p in (PROJECT_ROOT / "jars" / "lib").glob("*.jar")))
-    return [str(Path(sys.executable).parent / "spark-submit"), "--jars", jars,
-            str(PROJECT_ROOT / "trickle_job.py")]
+    # the jars as a deployment passes them, the AWS SDK bundle on the class path rather than copied into
+    # each run's scratch folder (cluster_env.submit_jars)
+    return [str(Path(sys.executable).parent / "spark-submit"), *submit_jars(), str(PROJECT_ROOT / "trickle_job.py")]
 
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
+    env = short_lived_jvm({**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"})
     out = open(log, "ab")  # noqa: SIM115 - closed with the process by the caller's reap
     return subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)

@@ -149,13 +149,60 @@ QUERIES = {
 }
 
 
+#: The oracle's seed and length: 5 changing cycles (6 with the empty one) of seed 54 hold every kind of
+#: change of the 8 (10 cycles) of seed 31 used before, and more (deletes and key updates of ``a``, NULL join
+#: keys inserted and deleted, deletes of duplicated keyless rows) in 6 cycles instead of 10; pinned by
+#: test_the_oracle_batches_hold_every_kind_of_change below.
+SEED, ORACLE_CYCLES = 54, 5
+
+
+def _change_kinds(spec: TableSpec, op: Any) -> set[str]:
+    """What one row change of a generated batch is, as the key filter sees it (its join key is ``k``)."""
+    at = (1 if spec.key else 0) + [c.name for c in spec.cols].index("k")
+    row = op.new if op.op == "I" else op.old
+    kinds = {op.op} | ({f"{op.op} of duplicates"} if op.count > 1 else set())
+    if op.op != "U":
+        return kinds | ({f"{op.op} with a NULL join key"} if row[at] is None else set())
+    if spec.key and op.old[0] != op.new[0]:
+        kinds.add("U of the primary key")
+    if op.old[at] != op.new[at]:
+        kinds.add("U of the join key" + (" to NULL" if op.new[at] is None else
+                                          " from NULL" if op.old[at] is None else ""))
+    return kinds
+
+
+def test_the_oracle_batches_hold_every_kind_of_change(monkeypatch: Any) -> None:
+    """No Spark: the batches the key-filter oracle below applies (its seed, its cycles with the empty cycle
+    2, the Delta commits skipped) hold every kind of change whose keys a filter must keep, in each table. A
+    change of ChangeGenerator's draws that made this short run miss one fails here, not silently."""
+    import oracle
+
+    monkeypatch.setattr(oracle.ChangeGenerator, "_merge", lambda self, src, ops: None)
+    gen = oracle.ChangeGenerator(type("NoSpark", (), {"sql": lambda self, q: None})(), [A, B, C], SEED)
+    gen.create()
+    seen: dict[str, set[str]] = {n: set() for n in gen.sources}
+    for cycle in range(1, ORACLE_CYCLES + 2):  # as run_oracle draws them
+        changed = gen.cycle(empty=(cycle == 2))
+        # every stream table reads a: a change of it in each other cycle means the oracle stops after these
+        assert ("a" in changed) == (cycle != 2), (cycle, changed)
+        for name, ops in gen.last_ops.items():
+            seen[name] |= set().union(set(), *(_change_kinds(gen.sources[name].spec, op) for op in ops))
+    both = {"I", "U", "D", "U of the join key"}
+    assert seen["a"] >= both | {"U of the primary key", "U of the join key to NULL", "D with a NULL join key"}, \
+        seen["a"]
+    assert seen["b"] >= both | {"U of duplicates", "D of duplicates", "U of the join key from NULL",
+                                "I with a NULL join key"}, seen["b"]
+    assert seen["c"] >= both | {"U of the primary key", "U of the join key from NULL", "I with a NULL join key"}, \
+        seen["c"]
+
+
 def test_key_filtered_joins_match_the_query(spark: Any, st: Any) -> None:
     # every join filtered: any size qualifies, and no snapshot is held (a held one is read whole, once)
     settings = {"trickle.refresh.keyFilterAboveBytes": "1", "trickle.refresh.holdSnapshotsBelowBytes": "0"}
     for k, v in settings.items():
         spark.conf.set(k, v)
     try:
-        run_oracle(spark, st, [A, B, C], QUERIES, cycles=min(CYCLES, 8), seed=31, views=VIEWS)
+        run_oracle(spark, st, [A, B, C], QUERIES, cycles=min(CYCLES, ORACLE_CYCLES), seed=SEED, views=VIEWS)
         names = [s["name"] for s in st.status() if s["name"].startswith(tuple(QUERIES))]
         assert len(names) == len(QUERIES)
         for name in names:  # every join of every refresh was filtered

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_env import PROJECT_ROOT, clean_env, spark_home
+from cluster_env import PROJECT_ROOT, clean_env, short_lived_jvm, spark_home, submit_jars
 
 WRITER = r'''
 import json, sys
@@ -58,7 +58,7 @@ def _metastore_conf(tmp: Path) -> dict[str, str]:
 
 def _spark_sql(tmp: Path, warehouse: Path, sql: str) -> list[list[str | None]]:
     """Run ``sql`` in the ``spark-sql`` shell (its own JVM and application) and return its rows."""
-    from pipeline.session import SMALL_MACHINE_DEFAULTS, local_jars
+    from pipeline.session import SMALL_MACHINE_DEFAULTS
 
     home = spark_home(tmp)
     conf = {**_metastore_conf(tmp), "spark.sql.warehouse.dir": str(warehouse),
@@ -66,10 +66,10 @@ def _spark_sql(tmp: Path, warehouse: Path, sql: str) -> list[list[str | None]]:
             "spark.sql.catalog.spark_catalog": SMALL_MACHINE_DEFAULTS["spark.sql.catalog.spark_catalog"],
             "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1"}
-    cmd = [str(home / "bin" / "spark-sql"), "--master", "local[1]", "--jars", ",".join(local_jars()), "-S"]
+    cmd = [str(home / "bin" / "spark-sql"), "--master", "local[1]", *submit_jars(), "-S"]
     for k, v in conf.items():
         cmd += ["--conf", f"{k}={v}"]
-    proc = subprocess.run([*cmd, "-e", sql], cwd=tmp, env=clean_env(SPARK_HOME=str(home)),
+    proc = subprocess.run([*cmd, "-e", sql], cwd=tmp, env=short_lived_jvm(clean_env(SPARK_HOME=str(home))),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"spark-sql failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
     return [[None if v == "NULL" else v for v in line.split("\t")] for line in proc.stdout.splitlines() if line]
@@ -79,7 +79,7 @@ def test_stream_tables_are_named_tables_another_application_reads(tmp_path: Path
     warehouse = tmp_path / "warehouse"
     writer = subprocess.run(
         [sys.executable, "-c", WRITER, json.dumps(_metastore_conf(tmp_path)), str(warehouse)],
-        cwd=tmp_path, env=clean_env(PYTHONPATH=str(PROJECT_ROOT)), capture_output=True, text=True, timeout=600)
+        cwd=tmp_path, env=short_lived_jvm(clean_env(PYTHONPATH=str(PROJECT_ROOT))), capture_output=True, text=True, timeout=600)
     assert writer.returncode == 0, f"the writer failed:\n{writer.stdout[-2000:]}\n{writer.stderr[-4000:]}"
     (line,) = [ln for ln in writer.stdout.splitlines() if ln.startswith("RESULT ")]
     result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
