@@ -1,6 +1,6 @@
 """The ``spark-submit`` entry point: run a conf file's pipeline (the same job as ``trickle run``).
 
-    spark-submit --jars "$(ls jars/lib/*.jar | paste -sd, -)" trickle_job.py conf/pipeline.yaml [--json]
+    spark-submit --jars "$(ls jars/lib/*.jar | grep -v -e /bundle- -e /hadoop-aws- | paste -sd, -)" trickle_job.py conf/pipeline.yaml [--json]
     spark-submit ... trickle_job.py demo --warehouse /data/demo   # any other ``trickle`` command
 
 A first argument that names a ``trickle`` command runs that command; anything else is a conf file for

@@ -142,5 +142,5 @@ def _require_delta(spark: Any) -> None:
 
         raise ConfigError(
             "Delta Lake is not on the driver's classpath. Under spark-submit pass the jars set-up fetched: "
-            "--jars \"$(ls jars/lib/*.jar | paste -sd, -)\" (or --packages with io.delta:delta-spark_2.13 "
+            "--jars \"$(ls jars/lib/*.jar | grep -v -e /bundle- -e /hadoop-aws- | paste -sd, -)\" (or --packages with io.delta:delta-spark_2.13 "
             "and org.apache.spark:spark-sql-kafka-0-10_2.13 at the versions in jars/pom.xml)")
