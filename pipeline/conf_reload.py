@@ -79,7 +79,7 @@ def changes(old: TrickleConf, new: TrickleConf, catalog_queries: dict[str, str])
             continue
         if was is None:
             was = spec  # declared again after a removal: only a changed query is applied
-        alter = _alter(was, spec, catalog_queries[key])
+        alter = alter_to(was, spec, catalog_queries[key])
         if alter is not None:
             alters.append(alter)
     for key, spec in before.items():
@@ -92,7 +92,9 @@ def changes(old: TrickleConf, new: TrickleConf, catalog_queries: dict[str, str])
     return alters, ignored
 
 
-def _alter(was: StreamTableSpec, now: StreamTableSpec, current_query: str) -> Alter | None:
+def alter_to(was: StreamTableSpec, now: StreamTableSpec, current_query: str) -> Alter | None:
+    """The ALTER from declaration ``was`` to ``now`` of a table whose catalog holds ``current_query`` (None: no
+    change): a query that differs from both, a new schedule (None never clears one), a new refresh mode."""
     query = now.query if now.query != was.query and now.query.strip() != current_query.strip() else None
     schedule = now.schedule if now.schedule != was.schedule and now.schedule is not None else None
     mode = now.refresh_mode if now.refresh_mode != was.refresh_mode else None
@@ -112,7 +114,7 @@ def at_start(conf: TrickleConf, catalog: dict[str, tuple[str, str | None, str]])
             continue
         query, schedule, mode = current
         was = dataclasses.replace(spec, query=query, schedule=schedule, refresh_mode=mode)
-        alter = _alter(was, spec, query)
+        alter = alter_to(was, spec, query)
         if alter is not None:
             alters.append(alter)
     return alters

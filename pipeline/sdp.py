@@ -65,6 +65,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline import conf_reload
 from pipeline.errors import ConfigError, TrickleError, UnsupportedError
 
 if TYPE_CHECKING:
@@ -633,9 +634,9 @@ def _create_table(st: StreamTables, spec: StreamTableSpec, current: Any, log: An
         st.create_stream_table(spec.name, spec.query, schedule=spec.schedule, refresh_mode=spec.refresh_mode)
         log.event("created", name=spec.name, refresh_mode=spec.refresh_mode, schedule=spec.schedule)
         return
-    query = spec.query if spec.query.strip() != current.query.strip() else None
-    schedule = spec.schedule if spec.schedule not in (None, current.schedule) else None
-    mode = spec.refresh_mode if spec.refresh_mode != current.refresh_mode else None
-    if (query, schedule, mode) != (None, None, None):
-        st.alter_stream_table(spec.name, schedule=schedule, refresh_mode=mode, query=query)
-        log.event("altered", name=spec.name, query_changed=query is not None, schedule=schedule, refresh_mode=mode)
+    was = replace(spec, query=current.query, schedule=current.schedule, refresh_mode=current.refresh_mode)
+    a = conf_reload.alter_to(was, spec, current.query)
+    if a is not None:  # raised, not logged as conf_reload.apply does: the caller names the declaration
+        st.alter_stream_table(spec.name, schedule=a.schedule, refresh_mode=a.refresh_mode, query=a.query)
+        log.event("altered", name=spec.name, query_changed=a.query is not None, schedule=a.schedule,
+                  refresh_mode=a.refresh_mode)
