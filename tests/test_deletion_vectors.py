@@ -137,3 +137,33 @@ def test_housekeeping_purges_a_table_whose_vectors_mark_many_rows(
         assert rows(st.read(name)) == rows(spark.sql(query))
     finally:
         spark.conf.unset(strategy.VECTORS_ABOVE_ROWS)
+
+
+def test_a_crash_after_the_marked_commit_is_recovered_not_applied_twice(
+        spark: Any, st: Any, make_source: Any, unique_name: Any) -> None:
+    """A failure after the vectors' commit and before the catalog update: the commit holds the frontier, so
+    the next refresh recovers (NO_DATA) instead of marking the same rows again."""
+    spark.conf.set(strategy.VECTORS_ABOVE_ROWS, "0")
+    try:
+        src = make_source("dvc_src", "id INT, v INT", rows=[(i, i % 3) for i in range(12)])
+        name, query = unique_name("dvc"), f"SELECT v FROM {src}"
+        st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL")
+        spark.sql(f"DELETE FROM {src} WHERE id < 4")
+        spark.sql(f"INSERT INTO {src} VALUES (20, 1), (21, 1)")
+
+        def boom(table: str) -> None:
+            raise RuntimeError("injected crash after commit")
+
+        st.refresher.after_commit = boom
+        with pytest.raises(RuntimeError, match="injected"):
+            st.refresh_stream_table(name)
+        st.refresher.after_commit = lambda table: None
+        assert rows(st.read(name)) == rows(spark.sql(query))
+        r = st.refresh_stream_table(name)
+        assert r.action == "NO_DATA" and r.recovered, r
+        assert rows(st.read(name)) == rows(spark.sql(query))
+        spark.sql(f"DELETE FROM {src} WHERE v = 1")
+        assert st.refresh_stream_table(name).apply.startswith("MERGE (vectors)")
+        assert rows(st.read(name)) == rows(spark.sql(query))
+    finally:
+        spark.conf.unset(strategy.VECTORS_ABOVE_ROWS)
