@@ -290,16 +290,17 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array) -> pa.
         return bool(i < len(wanted) and wanted[i] <= int(high))
 
     def scan(rel: str) -> pa.Table | None:
-        add = files[rel]
-        table = pq.read_table(os.path.join(root, unquote(rel)), columns=[ROW_ID, ROW_HASH])
-        at = np.flatnonzero(pc.is_in(table[ROW_HASH], value_set=wanted_arrow).to_numpy(zero_copy_only=False))
+        add, file = files[rel], os.path.join(root, unquote(rel))
+        hashes = pq.read_table(file, columns=[ROW_HASH])[ROW_HASH]
+        at = np.flatnonzero(pc.is_in(hashes, value_set=wanted_arrow).to_numpy(zero_copy_only=False))
         if len(at) and add.get("deletionVector"):
             at = at[~np.isin(at, read_vector(root, add["deletionVector"]).astype(np.int64))]
         if not len(at):
-            return None
-        found = table.take(pa.array(at, pa.int64()))
-        return pa.table({FILE: pa.array([rel] * len(at), pa.string()), POSITION: pa.array(at, pa.int64()),
-                         ROW_ID: found[ROW_ID].cast(pa.int64()), ROW_HASH: found[ROW_HASH].cast(pa.int64())})
+            return None  # the ids are read only from files that hold a wanted row
+        taken = pa.array(at, pa.int64())
+        ids = pq.read_table(file, columns=[ROW_ID])[ROW_ID].take(taken)
+        return pa.table({FILE: pa.array([rel] * len(at), pa.string()), POSITION: taken,
+                         ROW_ID: ids.cast(pa.int64()), ROW_HASH: hashes.take(taken).cast(pa.int64())})
 
     todo = [rel for rel, add in files.items() if candidates(add)]
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -351,16 +352,16 @@ def commit(path: str, read_version: int, files: dict[str, dict[str, Any]], schem
     assert root is not None
     now = int(time.time() * 1000)
     names = schema.names
+    stored = {"insert": inserts.select(names).cast(schema), "delete": deleted.select(names).cast(schema)}
     actions: list[dict[str, Any]] = []
     if inserts.num_rows:
-        rel, size = _write_parquet(root, "", "part-00000", inserts.select(names).cast(schema))
+        rel, size = _write_parquet(root, "", "part-00000", stored["insert"])
         actions.append({"add": {"path": rel, "partitionValues": {}, "size": size, "modificationTime": now,
-                                "dataChange": True, "stats": _stats(inserts.select(names).cast(schema))}})
+                                "dataChange": True, "stats": _stats(stored["insert"])}})
     actions += _mark(root, files, deleted, now)
     if deleted.num_rows:
-        change = pa.concat_tables([
-            part.select(names).cast(schema).append_column("_change_type", pa.array([kind] * part.num_rows, pa.string()))
-            for part, kind in ((inserts, "insert"), (deleted, "delete"))])
+        change = pa.concat_tables([rows.append_column("_change_type", pa.array([kind] * rows.num_rows, pa.string()))
+                                   for kind, rows in stored.items()])
         rel, size = _write_parquet(root, "_change_data/", "cdc-00000", change)
         actions.append({"cdc": {"path": rel, "partitionValues": {}, "size": size, "dataChange": False}})
     metrics = {"numTargetRowsInserted": str(inserts.num_rows), "numTargetRowsUpdated": "0",

@@ -581,7 +581,8 @@ class Refresher:
         marking = self._marking(d, log, protocol, read_version, delta.num_rows, len(hashes))
         if marking is not None:
             try:
-                return self._commit_marked(d, plan, ctx, delta, hashes, marking, log, record, read_version)
+                return self._commit_marked(d, plan, ctx, delta, hashes, marking, log, protocol, record,
+                                           read_version)
             except deletion_vectors.Unusable as e:  # e.g. a V2 checkpoint: the paths below take the table
                 record["apply_note"] = f"deletion vectors not written: {e}"
                 protocol = DeltaLog(self.spark, d.path).protocol(read_version)
@@ -606,11 +607,11 @@ class Refresher:
                               strategy.Limits.from_conf(self.conf))
 
     def _commit_marked(self, d: StreamTableDef, plan: dvm.Plan, ctx: Context, delta: Any, hashes: Any,
-                       choice: strategy.Choice, log: DeltaLog, record: dict[str, Any],
-                       read_version: int) -> dict[str, int] | None:
+                       choice: strategy.Choice, log: DeltaLog, protocol: dict[str, Any] | None,
+                       record: dict[str, Any], read_version: int) -> dict[str, int] | None:
         """Commit the netted delta as inserted rows and deletion vectors (see :mod:`connectors.deletion_vectors`):
         the stored copies it deletes are found by their hash in the live files and marked, never rewritten."""
-        if "deletionVectors" not in ((log.protocol(read_version) or {}).get("writerFeatures") or []):
+        if "deletionVectors" not in ((protocol or {}).get("writerFeatures") or []):
             delta_sink.enable_deletion_vectors(self.spark, d.path)  # once per table, a commit of no rows
             read_version = deletion_vectors.after_enabling(log, read_version)
         meta = log.metadata(read_version)
