@@ -11,6 +11,8 @@ import json
 import os
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +49,7 @@ class TableMeta:
 
 
 @dataclass(frozen=True)
-class Window:
+class SourceWindow:
     """What one source's log says about the change window (``pre``, ``post``] of a refresh, read in one pass.
 
     ``schema_changed_at``: the first version in the window whose ``metaData`` changed the schema or the
@@ -80,6 +82,31 @@ _LATEST_SEEN: dict[str, int] = {}
 #: path -> (version, signature of that commit file, meta): a table's metadata at a version it was last
 #: read at, so the next refresh reads only the commits since (see :meth:`DeltaLog.metadata`)
 _META_SEEN: dict[str, tuple[int, Any, TableMeta]] = {}
+
+
+#: the log files fetched inside :func:`one_read_per_refresh`: (log folder, file name) -> contents
+_FETCHED: ContextVar[dict[tuple[str, str], bytes | None] | None] = ContextVar("trickle_delta_log_fetched", default=None)
+
+#: log files that never change once written: commits, checksums and checkpoints (not ``_last_checkpoint``)
+_IMMUTABLE = re.compile(r"^\d{20}\.(json|crc|checkpoint.*)$")
+
+
+@contextmanager
+def one_read_per_refresh() -> Iterator[None]:
+    """Inside the block, each commit, checksum and checkpoint file of any table's log is fetched from storage at
+    most once, however many :class:`DeltaLog` objects ask for it.
+
+    Why: one refresh asks a log many questions from different places (the frontier, the window, the decision,
+    the context, the commit path, the driver-side readers), each with the log object it has at hand. Those
+    files never change once written, so the first answer is the answer. A missing commit or checkpoint file is
+    not remembered (it may be written meanwhile), a missing checksum file is (delta-rs writes none, and every
+    reader of one falls back to the commits when it is missing), and ``_last_checkpoint`` is never kept: it is
+    rewritten."""
+    token = _FETCHED.set({} if _FETCHED.get() is None else _FETCHED.get())
+    try:
+        yield
+    finally:
+        _FETCHED.reset(token)
 
 
 def _local(path: str) -> str | None:
@@ -125,6 +152,19 @@ class DeltaLog:
         return self._signature(f"{version:020d}.json")
 
     def _read_bytes(self, name: str) -> bytes | None:
+        fetched = _FETCHED.get()
+        if fetched is None or not _IMMUTABLE.match(name):
+            return self._fetch(name)
+        key = (self.log_dir, name)
+        if key not in fetched:
+            data = self._fetch(name)
+            if data is None and not name.endswith(".crc"):
+                return None
+            fetched[key] = data
+        return fetched[key]
+
+    def _fetch(self, name: str) -> bytes | None:
+        """One log file's bytes from storage (None when missing): the only read of a log file's contents."""
         local = _local(self.log_dir)
         if local is not None:
             try:
@@ -156,23 +196,8 @@ class DeltaLog:
         return [s.getPath().getName() for s in fs.listStatus(hpath)]
 
     def _read(self, name: str) -> str | None:
-        local = _local(self.log_dir)
-        if local is not None:
-            try:
-                with open(os.path.join(local, name), encoding="utf-8") as f:
-                    return f.read()
-            except FileNotFoundError:
-                return None
-        jvm = self.spark._jvm
-        hpath = jvm.org.apache.hadoop.fs.Path(self.log_dir + "/" + name)
-        fs = hpath.getFileSystem(self.spark._jsc.hadoopConfiguration())
-        if not fs.exists(hpath):
-            return None
-        stream = fs.open(hpath)
-        try:
-            return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-        finally:
-            stream.close()
+        data = self._read_bytes(name)
+        return data.decode("utf-8") if data is not None else None
 
     def versions(self) -> list[int]:
         """Every commit version in the log, by listing it (grows with the log: not for refreshes)."""
@@ -346,12 +371,12 @@ class DeltaLog:
                     return {k: v for k, v in m.items() if v is not None}
         return None
 
-    def window(self, pre: int | None, post: int) -> Window:
-        """One pass over the commits of (``pre``, ``post``]: see :class:`Window`. With ``pre`` None (a FULL
+    def window(self, pre: int | None, post: int) -> SourceWindow:
+        """One pass over the commits of (``pre``, ``post``]: see :class:`SourceWindow`. With ``pre`` None (a FULL
         refresh) only the metadata at ``post`` is read."""
         meta = self.metadata(post)
         if pre is None or post <= pre:
-            return Window(pre, post, meta)
+            return SourceWindow(pre, post, meta)
         schema_changed = truncated = None
         insert_only = True
         change_bytes = 0
@@ -376,7 +401,7 @@ class DeltaLog:
                 truncated = v
         sizes = {v: size for v in (pre, post) if (size := self.table_size(v)) is not None}
         gone = min((v for v in self._gone if pre < v <= post), default=None)
-        return Window(pre, post, meta, schema_changed, truncated, insert_only, sizes, change_bytes, gone)
+        return SourceWindow(pre, post, meta, schema_changed, truncated, insert_only, sizes, change_bytes, gone)
 
     def _shape_changed(self, pre: int, version: int, m: TableMeta) -> bool:
         """Whether the ``metaData`` committed at ``version`` changes the schema or partitioning relative to

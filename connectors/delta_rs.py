@@ -327,15 +327,21 @@ def rows_with(path: str, version: int, columns: list[str], key: str, values: Any
         return None
 
 
-def table_rows(path: str, version: int) -> int | None:
-    """Rows of the table at ``version`` from its files' statistics (None when unknown)."""
+def file_rows(path: str, version: int) -> list[int] | None:
+    """Rows of each live data file at ``version``, from the files' statistics (None when unknown)."""
     if _local(path) is None:
         return None
     try:
         counts = opened(path, version).get_add_actions(flatten=True).column("num_records").to_pylist()
     except Exception:  # noqa: BLE001 - only an estimate
         return None
-    return None if any(n is None for n in counts) else int(sum(counts))
+    return None if any(n is None for n in counts) else [int(n) for n in counts]
+
+
+def table_rows(path: str, version: int) -> int | None:
+    """Rows of the table at ``version`` from its files' statistics (None when unknown)."""
+    counts = file_rows(path, version)
+    return None if counts is None else sum(counts)
 
 
 def table_bytes(path: str, version: int) -> int | None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,12 +39,13 @@ from typing import Any
 import pyarrow.compute as pc
 
 import dvm
-from connectors import deletion_vectors, delta_rs, delta_sink
-from connectors.delta_log import DeltaLog, Window
+from connectors import deletion_vectors, delta_errors, delta_log, delta_rs, delta_sink
+from connectors.delta_log import DeltaLog, SourceWindow
 from dvm.context import Context, SourceRef, quote
 from dvm.plan import plain_rows_sql
-from pipeline import fixpoints, local_engine, plain_rows, source_schema, strategy, transaction_logs
+from pipeline import fixpoints, history, local_engine, plain_rows, source_schema, strategy, transaction_logs
 from pipeline.catalog import Catalog, StreamTableDef
+from pipeline.decision import decide
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 from pipeline.session_conf import ConfReads
 
@@ -152,7 +152,7 @@ class Refresher:
 
     # --- plans ---
 
-    def plan(self, d: StreamTableDef, windows: dict[str, Window] | None = None) -> dvm.Plan | None:
+    def plan(self, d: StreamTableDef, windows: dict[str, SourceWindow] | None = None) -> dvm.Plan | None:
         """The compiled query, or None when it can only be refreshed FULL. Compiled against the sources'
         schemas at the refresh's post frontier (``windows``; else as they are now), and again whenever one
         changes."""
@@ -168,7 +168,7 @@ class Refresher:
         return self._plans[key]
 
     def source_schemas(self, d: StreamTableDef,
-                       windows: dict[str, Window] | None = None) -> dict[str, list[tuple[str, str]]]:
+                       windows: dict[str, SourceWindow] | None = None) -> dict[str, list[tuple[str, str]]]:
         """Each source's columns: a stream table's from the catalog, a base table's from its Delta log (the
         ``metaData`` a refresh read anyway; no Spark job)."""
         out = {}
@@ -203,7 +203,8 @@ class Refresher:
         conflicts = inconsistent = 0
         while True:
             try:
-                return self._refresh_tree(name, set(), pin, retry_conflicts=conflicts < CONFLICT_RETRIES)
+                with delta_log.one_read_per_refresh():
+                    return self._refresh_tree(name, set(), pin, retry_conflicts=conflicts < CONFLICT_RETRIES)
             except _WriteConflict:
                 # another writer committed to a stream table first (two processes refreshing it, or one
                 # populating it while another's scheduler picked it up): nothing of ours was committed, and
@@ -230,7 +231,7 @@ class Refresher:
             started = time.time()
             t0 = time.perf_counter()
             try:
-                with self._conf_reads():
+                with self._conf_reads(), delta_errors.typed():
                     return self._refresh(d, started, t0, pin)
             except _Inconsistent:
                 raise
@@ -287,7 +288,7 @@ class Refresher:
             out[key] = v
         return out, replaced
 
-    def windows(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int]) -> dict[str, Window]:
+    def windows(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int]) -> dict[str, SourceWindow]:
         """Each source's log read once for this refresh: identity, schema, truncates, insert-only, sizes."""
         out = {}
         for key, src in d.sources.items():
@@ -342,21 +343,15 @@ class Refresher:
             if known.get(key) not in (None, new_id) and key not in replaced:
                 replaced[key] = f"source {key} was dropped and re-created (Delta table id {known[key]} -> {new_id})"
         base = self.base_frontier(d, post)
-        if pre is not None and pre == post and not replaced and d.reinitialize is None:
-            result = RefreshResult(d.name, "NO_DATA", "no source changed since the last refresh",
-                                   duration_ms=(time.perf_counter() - t0) * 1000, frontier=post,
-                                   refresh_id=d.last_refresh_id, recovered=recovered)
-            self._record_no_data(d, started, result)
+        moved = pre != post or bool(replaced) or d.reinitialize is not None
+        verdict = self._schema_verdict(d, windows) if pre is not None and moved else None
+        decision = decide(d, pre, windows, replaced, verdict, self.is_strict())
+        if decision.action == "NO_DATA":
+            result = RefreshResult(d.name, "NO_DATA", decision.reason, duration_ms=(time.perf_counter() - t0) * 1000,
+                                   frontier=post, refresh_id=d.last_refresh_id, recovered=recovered)
+            history.write(self.catalog, history.no_data(d.name, result.reason, started, result.duration_ms, post))
             return result
-        ratio = None
-        if pre is not None:
-            changed = [k for k in d.sources if post[k] != pre.get(k)]
-            ratio = strategy.change_ratio(sum(windows[k].change_bytes for k in changed),
-                                          [windows[k].sizes.get(post[k]) for k in d.sources])
-        verdict = self._schema_verdict(d, windows) if pre is not None else None
-        action, reason = self._decide(d, pre, post, windows, replaced, ratio, verdict)
-        if verdict is not None and verdict.notes:
-            reason = f"{reason}; {'; '.join(verdict.notes)}"
+        action, reason, ratio = decision.action, decision.reason, decision.change_ratio
         refresh_id = uuid.uuid4().hex[:16]
         record = {"refresh_id": refresh_id, "frontier": post, "action": action, "name": d.name,
                   "base_frontier": base, "source_ids": ids}
@@ -369,7 +364,7 @@ class Refresher:
             limit = self._auto_budget(d)
             over = threading.Event()
             try:
-                with _cancelled_after(self.spark, limit, over):
+                with _cancelled_after(self.spark, limit, over), delta_errors.typed():
                     _check_commits_kept(d, windows)
                     counts = self._differential(d, pre, post, windows, record,  # type: ignore[arg-type]
                                                 committed.version)
@@ -386,7 +381,8 @@ class Refresher:
                     counts = self._full(d, post, record, committed.version, windows)
                 else:
                     gone = _history_gone(e, d, pre, post)  # type: ignore[arg-type]
-                    if gone is None and not (d.refresh_mode == "AUTO" and _is_change_feed_error(e)):
+                    unreadable = isinstance(e, delta_errors.ChangesUnreadable)
+                    if gone is None and not (d.refresh_mode == "AUTO" and unreadable):
                         raise
                     why = gone or f"change feed unreadable for the window ({_first_line(e)})"
                     if d.refresh_mode != "AUTO" or self.is_strict():
@@ -441,7 +437,7 @@ class Refresher:
         fresh.cost_model = model.learn("DIFFERENTIAL", ratio if ratio is not None else 0.0, cost).to_dict()
         self.catalog.put(fresh)
 
-    def _schema_verdict(self, d: StreamTableDef, windows: dict[str, Window]) -> source_schema.Verdict:
+    def _schema_verdict(self, d: StreamTableDef, windows: dict[str, SourceWindow]) -> source_schema.Verdict:
         """What the base sources' schemas at the post frontier mean for the table, against the schemas it
         was last refreshed against (see :mod:`pipeline.source_schema`); sources without a record are left
         to the window's own schema-change check."""
@@ -454,7 +450,7 @@ class Refresher:
                 verdict.checked.add(key)  # else changed and changed back inside the window: REINITIALIZE below
         return verdict
 
-    def _remember_schemas(self, d: StreamTableDef, windows: dict[str, Window]) -> None:
+    def _remember_schemas(self, d: StreamTableDef, windows: dict[str, SourceWindow]) -> None:
         """Record the base sources' schemas this refresh ran against, and the columns the query reads
         (written only when they changed: once per schema change)."""
         try:
@@ -472,61 +468,23 @@ class Refresher:
         fresh.source_schema = d.source_schema = seen
         self.catalog.put(fresh)
 
-    def _decide(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int],
-                windows: dict[str, Window], replaced: dict[str, str],
-                ratio: float | None = None, verdict: source_schema.Verdict | None = None) -> tuple[str, str]:
-        if pre is None:
-            return "FULL", "initial population"
-        if d.reinitialize is not None:  # its definition changed (pipeline.alter)
-            return "REINITIALIZE", d.reinitialize
-        if set(pre) != set(post):
-            return "REINITIALIZE", "the set of sources changed"
-        if replaced:
-            return "REINITIALIZE", "; ".join(replaced.values())
-        if verdict is not None and verdict.action == "ERROR":
-            raise SourceChangedError(f"stream table {d.name} no longer matches its sources: {verdict.reason}")
-        if verdict is not None and verdict.action == "REINITIALIZE":
-            return "REINITIALIZE", verdict.reason
-        for key, w in windows.items():
-            if w.schema_changed_at is not None and not (verdict is not None and key in verdict.checked):
-                return "REINITIALIZE", f"source {key} changed its schema at version {w.schema_changed_at}"
-        if d.refresh_mode == "FULL":
-            return "FULL", "refresh_mode is FULL"
-        for key, w in windows.items():
-            if d.sources[key].kind != "stream_table" and w.truncated_at is not None:
-                # a truncate's delta is "every row deleted": recomputing from the (small) remaining
-                # source is cheaper than differentiating it, and it re-bases every hidden state
-                return "FULL", f"source {key} was truncated (version {w.truncated_at})"
-        if d.full_reason is not None:
-            if d.refresh_mode in ("DIFFERENTIAL", "IMMEDIATE"):
-                raise RefreshError(f"stream table {d.name} cannot be refreshed differentially: {d.full_reason}")
-            if self.is_strict():
-                raise RefreshError(f"stream table {d.name} cannot be refreshed differentially: {d.full_reason} "
-                                   "(strict mode: no fallback to FULL; use refresh_mode='FULL' to recompute it)")
-            return "FULL", f"query not differentiable: {d.full_reason}"
-        if d.refresh_mode == "AUTO" and not self.is_strict():
-            return strategy.auto(ratio, strategy.CostModel.from_dict(d.cost_model))
-        return "DIFFERENTIAL", "source changes applied as a delta"
-
     def context(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int],
-                windows: dict[str, Window] | None = None, salt: str | None = None,
+                windows: dict[str, SourceWindow] | None = None, salt: str | None = None,
                 target_relation: str | None = None, small_delta: bool = False) -> Context:
-        """The sources of one refresh; ``windows`` (see :meth:`windows`) say which only inserted rows (rules
-        that can use it: recursive CTEs) and how large each source is (holding, code generation). ``salt``
+        """The sources of one refresh, from its windows (see :meth:`windows`; read here when not given): which
+        only inserted rows (rules that can use it: recursive CTEs) and how large each source is (holding, code
+        generation). ``salt``
         (see :attr:`Context.salt`; e.g. the refresh id) makes the ids of rows this refresh inserts into a
         plain-rows table new to it; None draws a fresh random one, so every context gets its own."""
+        if windows is None and pre is not None:
+            windows = self.windows(d, pre, post)
         refs = {}
         for key, src in d.sources.items():
             before = None if pre is None else pre.get(key)
             w = windows.get(key) if windows is not None else None
             only = bool(w is not None and before is not None and post[key] > before and w.insert_only)
-            sizes: dict[int, int] = {}
-            if before is not None:  # differential only: its SQL is unshared after rendering (see Context.table)
-                if w is not None:
-                    sizes = dict(w.sizes)
-                else:
-                    log = DeltaLog(self.spark, src.path)
-                    sizes = {v: size for v in {before, post[key]} if (size := log.table_size(v)) is not None}
+            # sizes for a differential refresh only: its SQL is unshared after rendering (see Context.table)
+            sizes = dict(w.sizes) if w is not None and before is not None else {}
             refs[key] = SourceRef(src.path, post[key], before, insert_only=only, sizes=sizes,
                                   change_bytes=w.change_bytes if w is not None else None)
         hold_below = int(self.conf.get(HOLD_SNAPSHOTS_BELOW, str(8 << 20)))
@@ -540,7 +498,7 @@ class Refresher:
                        key_filter_above=int(self.conf.get(KEY_FILTER_ABOVE, str(32 << 20))))
 
     def _differential(self, d: StreamTableDef, pre: dict[str, int], post: dict[str, int],
-                      windows: dict[str, Window], record: dict[str, Any],
+                      windows: dict[str, SourceWindow], record: dict[str, Any],
                       read_version: int | None) -> dict[str, int] | None:
         """Apply the delta of (pre, post]; None when it changes nothing (nothing committed)."""
         plan = self.plan(d, windows)
@@ -603,7 +561,7 @@ class Refresher:
         has = "deletionVectors" in ((protocol or {}).get("writerFeatures") or [])
         with_vectors = protocol if has else deletion_vectors.with_vectors(protocol)
         why_not = deletion_vectors.unusable(d.path, with_vectors, meta.configuration, bool(meta.partition_columns))
-        return strategy.marks(has, losing, delta_rs.table_rows(d.path, read_version), why_not,
+        return strategy.marks(has, losing, delta_rs.file_rows(d.path, read_version), why_not,
                               strategy.Limits.from_conf(self.conf))
 
     def _commit_marked(self, d: StreamTableDef, plan: dvm.Plan, ctx: Context, delta: Any, hashes: Any,
@@ -696,7 +654,7 @@ class Refresher:
         finally:
             self.spark.catalog.dropGlobalTempView(name)
 
-    def _apply_delta(self, d: StreamTableDef, plan: dvm.Plan, ctx: Context, windows: dict[str, Window],
+    def _apply_delta(self, d: StreamTableDef, plan: dvm.Plan, ctx: Context, windows: dict[str, SourceWindow],
                      record: dict[str, Any], read_version: int | None) -> dict[str, int] | None:
         src = _rendered(ctx, plan.merge_source_sql(ctx, d.types), record)
         if src is None:
@@ -770,7 +728,7 @@ class Refresher:
         return read is not None and read < limit
 
     def full_sql(self, d: StreamTableDef, post: dict[str, int], ctx: Context | None = None,
-                 windows: dict[str, Window] | None = None) -> str:
+                 windows: dict[str, SourceWindow] | None = None) -> str:
         """The stream table's rows at ``post``. Fixpoints it reads are registered in ``ctx`` (see
         :mod:`pipeline.fixpoints`): pass one and evaluate them around the query."""
         plan = self.plan(d, windows)
@@ -795,7 +753,7 @@ class Refresher:
         return out
 
     def _full(self, d: StreamTableDef, post: dict[str, int], record: dict[str, Any], read_version: int | None,
-              windows: dict[str, Window], check_output: bool = False) -> dict[str, int]:
+              windows: dict[str, SourceWindow], check_output: bool = False) -> dict[str, int]:
         """Recompute the table at ``post``. ``check_output`` (a source was replaced or changed its schema):
         first make sure the query still analyses over the sources and still has the table's columns; a query
         that lost a column fails with :class:`SourceChangedError`, and changed output types are adopted."""
@@ -844,7 +802,7 @@ class Refresher:
         order = [c for c, _ in meta.columns()] if meta is not None else []
         return order if sorted(order) == sorted(names) else names
 
-    def _check_output(self, d: StreamTableDef, post: dict[str, int], windows: dict[str, Window]) -> None:
+    def _check_output(self, d: StreamTableDef, post: dict[str, int], windows: dict[str, SourceWindow]) -> None:
         changed = [f"{k} (version {w.schema_changed_at})" for k, w in windows.items() if w.schema_changed_at]
         why = f"source {', '.join(changed)} changed its schema" if changed else "a source was re-created"
         pinned = dvm.parser.pin_sources(dvm.parser.analyzable(d.maintained_query), self.from_items(d, post),
@@ -875,14 +833,7 @@ class Refresher:
             d.last_refresh_id = meta["refresh_id"]
             self.catalog.put(d)
             return False
-        now = time.time()
-        self.catalog.append_history(d.name, {
-            "refresh_id": meta["refresh_id"], "name": d.name, "action": meta.get("action"),
-            "reason": "recovered: the refresh committed its data but its catalog record was lost",
-            "status": "OK", "started_at": now, "finished_at": now, "duration_ms": None,
-            "rows_inserted": None, "rows_deleted": None, "rows_updated": None, "frontier": frontier,
-            "error": None,
-        })
+        history.write(self.catalog, history.recovered(d.name, meta["refresh_id"], meta.get("action"), frontier))
         d.last_refresh_id = meta["refresh_id"]
         d.frontier = frontier
         d.last_action = meta.get("action")
@@ -891,13 +842,10 @@ class Refresher:
 
     def _record_ok(self, d: StreamTableDef, started: float, r: RefreshResult,
                    soft: dict[str, Any] | None = None, learn_s: float | None = None) -> None:
-        self.catalog.append_history(d.name, {
-            "refresh_id": r.refresh_id, "name": d.name, "action": r.action, "reason": r.reason, "status": "OK",
-            "started_at": started, "finished_at": time.time(), "duration_ms": round(r.duration_ms, 1),
-            "rows_inserted": r.rows_inserted, "rows_deleted": r.rows_deleted, "rows_updated": r.rows_updated,
-            "frontier": r.frontier, "error": None, "recovered": r.recovered, "apply": r.apply,
-            "change_ratio": r.change_ratio,
-        })
+        assert r.refresh_id is not None
+        history.write(self.catalog, history.refreshed(
+            d.name, r.refresh_id, r.action, r.reason, started, r.duration_ms,
+            (r.rows_inserted, r.rows_deleted, r.rows_updated), r.frontier, r.recovered, r.apply, r.change_ratio))
         fresh = self.catalog.get(d.name)  # keep concurrent ALTERs (status, schedule) intact
         fresh.frontier = r.frontier
         fresh.soft_frontier = soft
@@ -915,27 +863,12 @@ class Refresher:
             fresh.status = "ACTIVE"
         self.catalog.put(fresh)
 
-    def _record_no_data(self, d: StreamTableDef, started: float, r: RefreshResult) -> None:
-        """A NO_DATA decision is history too (pg_trickle records it); nothing else changes."""
-        self.catalog.append_history(d.name, {
-            "refresh_id": f"nodata-{uuid.uuid4().hex[:12]}", "name": d.name, "action": "NO_DATA",
-            "reason": r.reason, "status": "OK", "started_at": started, "finished_at": time.time(),
-            "duration_ms": round(r.duration_ms, 1), "rows_inserted": 0, "rows_deleted": 0, "rows_updated": 0,
-            "frontier": r.frontier, "error": None,
-        })
-
     def _record_error(self, d: StreamTableDef, started: float, t0: float, e: BaseException) -> None:
         try:
             fresh = self.catalog.get(d.name)
         except Exception:  # noqa: BLE001 - dropped meanwhile
             return
-        self.catalog.append_history(d.name, {
-            "refresh_id": uuid.uuid4().hex[:16], "name": d.name, "action": None, "reason": None,
-            "status": "ERROR", "started_at": started, "finished_at": time.time(),
-            "duration_ms": round((time.perf_counter() - t0) * 1000, 1), "rows_inserted": 0, "rows_deleted": 0,
-            "rows_updated": 0, "frontier": None, "error": _first_line(e),
-            "traceback": "".join(traceback.format_exception(e))[-4000:],
-        })
+        history.write(self.catalog, history.failed(d.name, started, (time.perf_counter() - t0) * 1000, e))
         fresh.consecutive_errors += 1
         fresh.last_error = _first_line(e)
         if isinstance(e, SourceChangedError) and fresh.status == "ACTIVE":
@@ -1020,58 +953,37 @@ class _Committed:
     meta: dict[str, Any] | None
 
 
-#: Delta's optimistic-concurrency failures (io.delta.exceptions.*): the transaction did not commit
-_CONFLICTS = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
-              "ConcurrentTransactionException", "MetadataChangedException", "ProtocolChangedException",
-              "DELTA_CONCURRENT_", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED")
-
-
 def _is_write_conflict(e: BaseException) -> bool:
-    if isinstance(e, delta_sink.CommitLost):
-        return True
-    head = "\n".join(str(e).splitlines()[:3])
-    return any(c in head for c in _CONFLICTS)
+    """Another writer committed first: Delta's own conflict (typed where it entered, see
+    :mod:`connectors.delta_errors`) or a commit of ours found lost (:class:`delta_sink.CommitLost`)."""
+    return isinstance(e, delta_sink.CommitLost | delta_errors.CommitConflict)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:500]
-
-
-#: errors of reading a version whose files are gone: VACUUM (or log cleanup) removed what the window needs
-_HISTORY_GONE = ("FAILED_READ_FILE.FILE_NOT_EXIST", "DELTA_UNSUPPORTED_TIME_TRAVEL_BEYOND_DELETED_FILE_RETENTION",
-                 "DELTA_FILE_NOT_FOUND", "FileNotFoundException", "VersionNotFound", "DELTA_MISSING_CHANGE_DATA",
-                 "DELTA_VERSIONS_NOT_CONTIGUOUS", "DELTA_CHANGE_DATA_FILE_NOT_FOUND")
+_first_line = history.first_line
 
 
 def _history_gone(e: BaseException, d: StreamTableDef, pre: dict[str, int], post: dict[str, int]) -> str | None:
-    """When ``e`` says files of the change window are gone: which source(s) and versions, for the reason or
-    the error; None for any other error. The source is the one whose path the message names (else all that
-    changed)."""
-    text = str(e)
-    if not any(s in text for s in _HISTORY_GONE):
+    """When files of the change window are gone (:class:`delta_errors.ChangesGone`): which source(s) and
+    versions, for the reason or the error; None for any other error. The source is the one whose path the
+    message names (else all that changed)."""
+    if not isinstance(e, delta_errors.ChangesGone):
         return None
+    text = str(e.__cause__ or e)
     changed = [k for k in d.sources if pre.get(k) != post.get(k)]
     named = [k for k in changed if d.sources[k].path.rstrip("/") + "/" in text] or changed
     parts = [f"{k} between versions {pre.get(k)} and {post[k]}" for k in named]
     return (f"the change history of source {', '.join(parts)} is no longer readable (files it needs were "
-            f"removed, e.g. by VACUUM: {_first_line(e)[:200]})")
+            f"removed, e.g. by VACUUM: {_first_line(e.__cause__ or e)[:200]})")
 
 
-def _check_commits_kept(d: StreamTableDef, windows: dict[str, Window]) -> None:
+def _check_commits_kept(d: StreamTableDef, windows: dict[str, SourceWindow]) -> None:
     """Raise when a commit of a source's window is gone from its log (log retention removed it after a
     checkpoint): the window's change feed can no longer be read. The window's own pass over its commits
-    found it (:attr:`Window.commit_gone_at`); no extra read."""
+    found it (:attr:`SourceWindow.commit_gone_at`); no extra read."""
     for key, w in windows.items():
         if w.commit_gone_at is not None and key in d.sources:
-            raise SourceChangedError(f"DELTA_FILE_NOT_FOUND: the commit of version {w.commit_gone_at} is gone "
-                                     f"from {d.sources[key].path.rstrip('/')}/_delta_log/ (removed by log retention)")
-
-
-def _is_change_feed_error(e: BaseException) -> bool:
-    text = str(e)
-    return any(s in text for s in ("DELTA_MISSING_CHANGE_DATA", "VersionNotFound", "DELTA_CHANGE_DATA_FEED",
-                                    "CHANGE_DATA_FEED", "DELTA_FILE_NOT_FOUND"))
+            raise delta_errors.ChangesGone(f"the commit of version {w.commit_gone_at} is gone from "
+                                           f"{d.sources[key].path.rstrip('/')}/_delta_log/ (removed by log retention)")
 
 
 __all__ = ["Refresher", "RefreshResult", "UnsupportedError"]

@@ -32,13 +32,12 @@ import os
 import re
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from connectors.storage import for_uri, location
-from pipeline import conf_reload, fused
+from pipeline import conf_reload, fused, history
 from pipeline.errors import ConfigError, SourceError
 from pipeline.fused_lanes import RefreshLanes
 
@@ -622,16 +621,12 @@ class Runtime:
         self.st.catalog.put(d)
         self._history(name, status, reason, error=reason)
 
-    def _history(self, name: str, status: str, reason: str, action: str | None = None, **extra: Any) -> None:
+    def _history(self, name: str, status: str, reason: str, action: str | None = None, error: str | None = None,
+                 retry_at: float | None = None) -> None:
         """A scheduler decision as a refresh-history record (no refresh ran: no rows, no frontier)."""
         if not self.st.catalog.exists(name):
             return
-        now = time.time()
-        self.st.catalog.append_history(name, {
-            "refresh_id": f"{status.lower()}-{uuid.uuid4().hex[:12]}", "name": name, "action": action,
-            "reason": reason, "status": status, "started_at": now, "finished_at": now, "duration_ms": 0.0,
-            "rows_inserted": 0, "rows_deleted": 0, "rows_updated": 0, "frontier": None,
-            "initiated_by": "SCHEDULER", "error": extra.pop("error", None), **extra})
+        history.write(self.st.catalog, history.scheduled(name, status, reason, action, error, retry_at))
 
     def _decision(self, event: str, fields: dict[str, Any]) -> None:
         """Log every scheduler decision, and record the ones that change what happens to a table.

@@ -24,6 +24,7 @@ Pure decisions over numbers, testable without Spark; :mod:`pipeline.refresh` run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,11 +41,14 @@ DELTA_RS = "trickle.apply.deltaRs"
 #: side by side on a 10M-row plain-rows table, 2.6 s (delta-rs) against 9.0 s for 100 changed rows and 2.9 s
 #: against 11.6 s for 10K. Above 50M rows (not measured) deletion vectors are assumed to pay.
 DV_ABOVE_ROWS = "trickle.apply.deletionVectorsAboveRows"
-#: Spark conf: a plain-rows table holding more rows than this has the rows a change deletes marked in deletion
-#: vectors by spark-trickle's own commit (:mod:`connectors.deletion_vectors`; turned on for the table when
-#: first needed) instead of rewritten: copy-on-write rewrites every file a deleted row is in, and scattered
-#: deletions touch every file, so its cost follows the table's size; marking costs one read of the hash column.
-#: -1: never (then a table with deletion vectors on is merged by Spark).
+#: Spark conf: when the files a change deletes rows from are expected to hold more rows than this (see
+#: :func:`rewritten_rows`), a plain-rows table has those rows marked in deletion vectors by spark-trickle's own
+#: commit (:mod:`connectors.deletion_vectors`; turned on for the table when first needed) instead of the files
+#: rewritten: copy-on-write rewrites every file a deleted row is in, and scattered deletions touch every file,
+#: so its cost follows the table's size; marking costs one read of the hash column. -1: never (then a table
+#: with deletion vectors on is merged by Spark). Why not lower: a table with vectors stays so, and the deltas
+#: of stream tables reading it run on Spark, not DuckDB (see :mod:`pipeline.local_engine`); the figures
+#: behind the default are in docs/BENCHMARKS.md ("Deletions marked, not rewritten").
 VECTORS_ABOVE_ROWS = "trickle.apply.vectorsAboveRows"
 #: Spark conf: a FULL refresh of a table that held at most this many rows collects its result to the driver
 #: and commits it with delta-rs (a small aggregate recomputed over a large source).
@@ -60,7 +64,7 @@ class Limits:
     delta_rs: bool = True
     full_collect_rows: int = 100_000
     dv_above_rows: int = 50_000_000
-    vectors_above_rows: int = 1_000_000
+    vectors_above_rows: int = 500_000
 
     @classmethod
     def from_conf(cls, conf: Any) -> Limits:
@@ -117,23 +121,37 @@ def choose(rows: int, deletes: int, appendable: bool, delta_rs_unusable: str | N
     return Choice(MERGE, engine, f"{deletes} of {rows} change rows delete; {why}")
 
 
-def marks(has_vectors: bool, losing: int, target_rows: int | None, unusable: str | None,
+def marks(has_vectors: bool, losing: int, file_rows: Sequence[int] | None, unusable: str | None,
           limits: Limits) -> Choice | None:
     """Whether a plain-rows table's collected change is committed with deletion vectors (engine ``vectors``,
     :mod:`connectors.deletion_vectors`): always once the table has them on (delta-rs does not write such a
-    table), else when the change deletes rows of a table above ``vectors_above_rows``. ``losing``: tuples the
-    change removes copies of; ``unusable``: why the vectors' commit may not write this table. None: another
+    table), else when rewriting the files the change deletes from would rewrite more than ``vectors_above_rows``
+    rows (:func:`rewritten_rows`). ``losing``: tuples the change removes copies of; ``file_rows``: rows per live
+    data file (None: unknown); ``unusable``: why the vectors' commit may not write this table. None: another
     path (:func:`choose`)."""
     if unusable is not None or not limits.delta_rs or limits.vectors_above_rows < 0:
         return None
     if has_vectors:
         return Choice(MERGE if losing else APPEND, "vectors", "the table has deletion vectors on"
                       + (f"; {losing} tuples lose copies, marked deleted" if losing else "; insert-only"))
-    if losing and target_rows is not None and target_rows > limits.vectors_above_rows:
-        return Choice(MERGE, "vectors", f"{losing} tuples lose copies in a table of {target_rows} rows (above "
-                      f"{VECTORS_ABOVE_ROWS}={limits.vectors_above_rows}): deletion vectors mark them instead of "
-                      "rewriting the files they are in")
+    rewrite = rewritten_rows(file_rows, losing) if file_rows is not None else 0.0
+    if losing and rewrite > limits.vectors_above_rows:
+        return Choice(MERGE, "vectors", f"{losing} tuples lose copies in files holding ~{rewrite:,.0f} of the "
+                      f"table's {sum(file_rows or ()):,} rows (above {VECTORS_ABOVE_ROWS}="
+                      f"{limits.vectors_above_rows}): deletion vectors mark them instead of rewriting those files")
     return None
+
+
+def rewritten_rows(file_rows: Sequence[int], deleted: int) -> float:
+    """The rows a copy-on-write MERGE is expected to rewrite when ``deleted`` stored rows, spread at random,
+    are deleted: every file holding one of them is rewritten whole, and a file of n of the table's N rows
+    escapes all of them with probability (1 - n/N)^deleted. Why an expectation over files rather than the
+    table's size: a few deletions in a table of many files rewrite little, while a thousand scattered ones in a
+    table of a few large files rewrite all of it."""
+    total = sum(file_rows)
+    if total <= 0 or deleted <= 0:
+        return 0.0
+    return float(sum(n * (1.0 - (1.0 - n / total) ** deleted) for n in file_rows if n > 0))
 
 
 def uncollected(change_bytes: int, limits: Limits) -> Choice:

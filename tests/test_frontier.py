@@ -247,3 +247,35 @@ def test_losing_a_commit_race_is_retried_without_an_error(spark: Any, st: Any, m
     spark.sql(f"INSERT INTO {src} VALUES (4, 's', 2)")
     assert st.refresh_stream_table(name).action == "DIFFERENTIAL"
     assert rows(st.read(name)) == rows(spark.sql(query))
+
+
+def test_a_refresh_fetches_each_log_file_once(spark: Any, st: Any, make_source: Any, monkeypatch: Any) -> None:
+    """One refresh of a two-layer DAG asks the sources' and the tables' logs many questions (frontiers, windows,
+    the decision, the context, the commit path); each commit, checksum and checkpoint file is fetched from
+    storage once (issue 16 point 1)."""
+    from connectors.delta_log import DeltaLog
+
+    a = make_source("ro_a", "id INT, k STRING, v INT", rows=[(1, "x", 1), (2, "y", 2)])
+    b = make_source("ro_b", "k STRING, w INT", rows=[("x", 10), ("y", 20)])
+    st.create_stream_table("ro_up", f"SELECT k, SUM(v) AS s FROM {a} GROUP BY k", refresh_mode="DIFFERENTIAL")
+    query = f"SELECT u.k, u.s, b.w FROM ro_up u JOIN {b} b ON u.k = b.k"
+    st.create_stream_table("ro_down", query, refresh_mode="DIFFERENTIAL")
+    spark.sql(f"INSERT INTO {a} VALUES (3, 'x', 5), (4, 'z', 1)")
+    spark.sql(f"UPDATE {b} SET w = w + 1 WHERE k = 'y'")
+    spark.sql(f"INSERT INTO {b} VALUES ('z', 30)")
+    fetched: Counter = Counter()
+    real = DeltaLog._fetch
+
+    def counting(self: DeltaLog, name: str) -> bytes | None:
+        fetched[(self.log_dir, name)] += 1
+        return real(self, name)
+
+    monkeypatch.setattr(DeltaLog, "_fetch", counting)
+    r = st.refresh_stream_table("ro_down")
+    monkeypatch.undo()
+    assert r.action == "DIFFERENTIAL" and st.history("ro_up")[0]["action"] == "DIFFERENTIAL"
+    assert rows(st.read("ro_down")) == rows(spark.sql(query))
+    commits = [k for k in fetched if k[1].endswith(".json") and not k[1].startswith("_")]
+    assert len({d for d, _ in commits}) >= 3, fetched  # both sources and both tables were read
+    twice = {k: n for k, n in fetched.items() if n > 1 and k[1] != "_last_checkpoint"}
+    assert not twice, twice

@@ -248,3 +248,24 @@ def test_losing_every_commit_race_is_a_clear_error(spark: Any, st: Any, make_sou
     monkeypatch.setattr(delta_sink, "apply_collected", lose)
     with pytest.raises(RefreshError, match="commit races"):
         st.refresh_stream_table(ids)
+
+
+def test_delta_failures_are_typed_where_they_enter(spark: Any, make_source: Any) -> None:
+    """Retry and fallback decide on types (connectors/delta_errors.py), not on message text: a read of a version
+    whose history is gone becomes ChangesGone, whichever way pyspark captured Delta's exception; any other
+    error passes through unchanged."""
+    from pyspark.errors import AnalysisException
+
+    from connectors import delta_errors
+
+    src = make_source("typed", "id INT, v INT", rows=[(1, 1)])
+    with pytest.raises(delta_errors.ChangesGone) as gone:
+        with delta_errors.typed():
+            spark.sql(f"SELECT * FROM {src} VERSION AS OF 99").collect()
+    assert gone.value.__cause__ is not None
+    with pytest.raises(AnalysisException), delta_errors.typed():
+        spark.sql(f"SELECT no_such_column FROM {src}").collect()
+    with pytest.raises(delta_errors.ChangesGone), delta_errors.typed():
+        raise FileNotFoundError("part-00000.parquet")
+    with pytest.raises(ValueError), delta_errors.typed():
+        raise ValueError("DELTA_CONCURRENT_APPEND in a message is not a conflict")

@@ -37,6 +37,26 @@ def test_changes_to_stored_rows_of_a_big_table_use_deletion_vectors() -> None:
     assert strategy.choose(10, 2, True, None, limits, target_rows=999).engine == "delta-rs"
 
 
+def test_deletions_are_marked_when_the_files_they_hit_hold_many_rows() -> None:
+    """Own deletion vectors (strategy.marks) when a copy-on-write MERGE would rewrite more rows than the limit:
+    the rows of the files the deletions are expected to hit, not the table's size."""
+    limits = Limits(vectors_above_rows=100_000)
+    few_big_files = [250_000] * 4  # 1M rows in 4 files: 1,000 scattered deletions hit all of them
+    assert strategy.rewritten_rows(few_big_files, 1_000) == pytest.approx(1_000_000)
+    c = strategy.marks(False, 1_000, few_big_files, None, limits)
+    assert c is not None and (c.strategy, c.engine) == (strategy.MERGE, "vectors") and "1,000,000" in c.reason
+    many_small_files = [1_000] * 1_000  # the same rows in 1,000 files: 3 deletions rewrite ~3 files
+    assert strategy.rewritten_rows(many_small_files, 3) == pytest.approx(3_000, rel=0.01)
+    assert strategy.marks(False, 3, many_small_files, None, limits) is None
+    assert strategy.marks(False, 0, few_big_files, None, limits) is None  # insert-only: an append
+    assert strategy.marks(False, 1_000, None, None, limits) is None  # file sizes unknown
+    assert strategy.marks(False, 1_000, few_big_files, "a V2 checkpoint", limits) is None
+    assert strategy.marks(False, 1_000, few_big_files, None, Limits(vectors_above_rows=-1)) is None
+    # once the table has vectors, every change goes that way (delta-rs does not write such a table)
+    c = strategy.marks(True, 0, [10], None, limits)
+    assert c is not None and (c.strategy, c.engine) == (strategy.APPEND, "vectors")
+
+
 def test_collect_first_and_limits_from_conf() -> None:
     limits = Limits.from_conf({strategy.COLLECT_BELOW: "100", strategy.DELTA_RS: "false"})
     assert limits.collect_below_bytes == 100 and not limits.delta_rs
