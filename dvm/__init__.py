@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from dvm.builder import compile_tree
 from dvm.context import FLOAT_IDENTITY, Context, SourceRef
 from dvm.errors import QueryError, TrickleError, UnsupportedError
-from dvm.parser import compile_tree, source_keys
+from dvm.parser import source_keys
 from dvm.plan import Plan
 
 

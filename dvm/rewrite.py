@@ -28,6 +28,7 @@ from sqlglot import exp
 
 from dvm.dialect import SPARK
 from dvm.errors import QueryError
+from dvm.own_stack import on_own_stack
 
 MERGED = "trickle_merged_join"
 
@@ -424,8 +425,6 @@ def inlined_read_counts(sql: str) -> Counter[tuple[str, str]]:
     thousands of nodes deep (sqlglot parses and renders such chains without recursion), and a recursive
     walk failed every refresh of a query that created fine. Work items run in the recursive walk's order
     (a CTE is counted before anything after it reads its counter), and every CTE sees the ones before it."""
-    from dvm.parser import on_own_stack  # parser imports this module
-
     try:
         tree = on_own_stack(lambda: sqlglot.parse_one(sql, read=SPARK))
     except RecursionError:

@@ -86,13 +86,6 @@ from dvm.rewrite import retarget
 _IDS = itertools.count(1)
 
 
-def _seeded(seeds: list[str], step: str) -> str:
-    """The body of a recursive CTE: its seeds as ONE anchor (Spark wants exactly two union children),
-    then the recursive step."""
-    anchor = "\nUNION ALL\n".join(f"SELECT * FROM ({s})" for s in seeds)
-    return f"SELECT * FROM ({anchor})\nUNION ALL\n{step}"
-
-
 @dataclass
 class Occurrence:
     """One base-table reference of the recursive term: its alias, source and the columns it reads."""
@@ -122,7 +115,6 @@ class RecursiveCte(Node):
     step_ast: exp.Expression  # qualified recursive term; reads the CTE by ``name``
     distinct: bool  # UNION (set semantics) rather than UNION ALL
     placeholders: dict[str, str]  # placeholder table name -> source key
-    source_columns: dict[str, list[str]]  # source key -> its columns (unused since stream tables store plain rows)
     helpers: list[tuple[str, exp.Expression]]  # other CTEs the body reads, in definition order
     anchor: Node | None  # the anchor as an operator tree (its delta rule); None: anchor diffed natively
     shape: Shape | None  # None: the recursive term is not linear/monotone -> recompute-diff
