@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from connectors.delta_log import TRICKLE_KEY, DeltaLog
-from dvm.context import quote
+from dvm import quote
 
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 #: the Delta idempotent-transaction app id of refresh commits (see the module docstring)

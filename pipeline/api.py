@@ -9,9 +9,8 @@ import time
 from typing import Any
 
 import dvm
-import dvm.views
 from connectors.delta_log import DeltaLog
-from dvm.context import PREV, quote
+from dvm import PREV, quote
 from pipeline import fixpoints, metastore
 from pipeline.catalog import (
     NAME_MAX_LENGTH,

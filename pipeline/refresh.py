@@ -42,8 +42,7 @@ import pyarrow.compute as pc
 import dvm
 from connectors import deletion_vectors, delta_rs, delta_sink
 from connectors.delta_log import DeltaLog, Window
-from dvm.context import Context, SourceRef, quote
-from dvm.plan import plain_rows_sql
+from dvm import Context, SourceRef, plain_rows_sql, quote
 from pipeline import fixpoints, local_engine, plain_rows, source_schema, strategy, transaction_logs
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
