@@ -108,9 +108,26 @@ class Fixpoint:
             (f"{HELD_SEED}table_changes_by_path(", f"{HELD_SEED}delta.`"))
 
 
+@dataclass
+class Rendering:
+    """What rendering one refresh's SQL records on the way, for the refresh executor to act on: a
+    :class:`Context` is fixed for the refresh, and this is the part of it that grows while rules render."""
+
+    #: what rules decided (e.g. which recursive-CTE strategy), for the refresh's record
+    notes: list[str] = field(default_factory=list)
+    #: fixpoints the rendered SQL reads, in the order they must run (a later one may read an earlier one)
+    fixpoints: list[tuple[str, Fixpoint]] = field(default_factory=list)
+    #: the key filters the rendered SQL holds tokens of, filled in by the refresh executor
+    key_filters: list[tuple[str, KeyFilter]] = field(default_factory=list)
+    #: the held snapshots and change windows read on the driver (filled by :meth:`Context.table` and
+    #: :meth:`Context.changes`)
+    driver_held: set[str] = field(default_factory=set)
+
+
 @dataclass(frozen=True)
 class Context:
-    """The sources of one refresh, by source key (the normalised table name used in the query)."""
+    """The sources of one refresh, by source key (the normalised table name used in the query), and how to
+    read them. Its fields never change; what rendering records goes to :attr:`rendering`."""
 
     sources: dict[str, SourceRef] = field(default_factory=dict)
     #: the stream table's own Delta path: the algebraic aggregate rule reads its stored state from it
@@ -120,10 +137,6 @@ class Context:
     #: the refresh executor knows the change window is small (it collects the delta to the driver): a rule
     #: may broadcast a relation derived from the delta instead of letting Spark shuffle a large table
     small_delta: bool = False
-    #: what rules decided while rendering this refresh (e.g. which recursive-CTE strategy), for its record
-    notes: list[str] = field(default_factory=list)
-    #: fixpoints the rendered SQL reads, in the order they must run (a later one may read an earlier one)
-    fixpoints: list[tuple[str, Fixpoint]] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     #: read each change window (and each snapshot under ``hold_below`` bytes) once, held for the delta query
     #: (see :meth:`changes` and :meth:`table`)
@@ -135,8 +148,6 @@ class Context:
     driver_below: int = 0
     #: the same for a change window (no change feed planning, no scan of its files)
     changes_driver_below: int = 0
-    #: the held snapshots and change windows read on the driver (filled by :meth:`table` and :meth:`changes`)
-    driver_held: set[str] = field(default_factory=set)
     #: a literal unique to this refresh, hashed into the ``__row_id`` of every row a plain-rows (bag) stream
     #: table gains (see :mod:`dvm.plan`): ids of rows inserted by different refreshes must not repeat, while a
     #: refresh's SQL stays deterministic (Delta's MERGE may read its source twice). The refresh executor sets
@@ -148,8 +159,24 @@ class Context:
     #: a join's input whose post snapshot reads at least this many bytes is filtered by the join keys of the
     #: other input's small delta (see :mod:`dvm.key_filter`); 0: never
     key_filter_above: int = 0
-    #: the key filters the rendered SQL holds tokens of, filled in by the refresh executor
-    key_filters: list[tuple[str, KeyFilter]] = field(default_factory=list)
+    #: what rendering records (the one mutable part): see :class:`Rendering`
+    rendering: Rendering = field(default_factory=Rendering)
+
+    @property
+    def notes(self) -> list[str]:
+        return self.rendering.notes
+
+    @property
+    def fixpoints(self) -> list[tuple[str, Fixpoint]]:
+        return self.rendering.fixpoints
+
+    @property
+    def key_filters(self) -> list[tuple[str, KeyFilter]]:
+        return self.rendering.key_filters
+
+    @property
+    def driver_held(self) -> set[str]:
+        return self.rendering.driver_held
 
     def note(self, text: str) -> None:
         if text not in self.notes:
