@@ -37,8 +37,9 @@ def sql_string(value: str) -> str:
 #: found by; fixed per stream table, see ``StreamTableDef.float_identity``):
 #:
 #: * ``bits37``: rounded to 37 significant bits (about 11 decimal digits) by Veltkamp's split, three
-#:   floating-point operations. The default since it was measured: the older form cost 4.4 s of CPU per 10M
-#:   rows (``format_string``, Java's formatter), most of a FULL refresh of a scan with a DOUBLE column.
+#:   floating-point operations. The default since the older form (``format_string``, Java's formatter)
+#:   was found to be most of a FULL refresh of a scan with a DOUBLE column (docs/BENCHMARKS.md, "Figures
+#:   behind the code").
 #: * ``digits12``: 12 significant decimal digits (``format_string('%.12g')``), tables created before.
 FLOAT_IDENTITIES = ("bits37", "digits12")
 FLOAT_IDENTITY = FLOAT_IDENTITIES[0]
@@ -240,8 +241,8 @@ class Context:
         :class:`Fixpoint`) and every operator reading it reads that. Why: Spark inlines CTEs, so a delta
         rule that refers to a source's changes in several places holds as many Change Data Feed relations,
         and planning each one plans a whole query of its own (file listing of the window's commits
-        included). Measured on a 3-source setops/scalar-subquery delta: 60% of a refresh's planning time.
-        A change window is small by the premise of a differential refresh, so holding it costs little."""
+        included), most of a refresh's planning time on a multi-source delta (docs/BENCHMARKS.md, "Figures
+        behind the code"). A change window is small by the premise of a differential refresh, so holding it costs little."""
         ref = self.sources[key]
         assert ref.pre is not None, "a change window needs a pre frontier"
         window = f"table_changes_by_path({sql_string(ref.path)}, {ref.pre + 1}, {ref.post})"
@@ -255,8 +256,7 @@ class Context:
     def unshare_single_reads(self, sql: str) -> str:
         """``sql`` with every held source read (change window or small snapshot) that Spark would read only
         once put back in place (and dropped from :attr:`fixpoints`): holding it would cost a plan of its own
-        and the held blocks, and save nothing (measured when a held read still had a count job of its own,
-        on one-source aggregate and filter tables over 1000 rows: one job and 0.2-0.6 s more per refresh).
+        and the held blocks, and save nothing (docs/BENCHMARKS.md, "Figures behind the code").
 
         A held query that is not a source read (a loop-free :class:`Fixpoint` such as the netted delta of a
         plain-rows table, see :mod:`dvm.plan`) runs once, so the reads in its seed count once, beside those

@@ -418,8 +418,8 @@ class _ReadsUnknown(Counter[tuple[str, str]]):
 def inlined_read_counts(sql: str) -> Counter[tuple[str, str]]:
     """How often Spark's plan of ``sql`` reads each qualified table ``(db, name)`` once CTEs are inlined: a
     reference in a CTE counts as often as the CTE is itself read, scoped like SQL (a nested WITH sees the
-    outer CTEs). All tables in one parse: a delta query can be tens of kilobytes long (parsing it once per
-    table cost 0.1 s each, per refresh).
+    outer CTEs). All tables in one parse: a delta query can be tens of kilobytes long, and parsing it once
+    per table was a cost of every refresh.
 
     The walk keeps its own stack instead of recursing: a long chain of ``OR`` / ``AND`` / ``+`` is a tree
     thousands of nodes deep (sqlglot parses and renders such chains without recursion), and a recursive

@@ -37,8 +37,8 @@ CTE's previous result: read from the stream table itself when the table stores e
   the old derivation graph and every term of New one of the new graph. Each series is a weighted
   :class:`~dvm.context.Fixpoint` loop that the refresh runs (:mod:`pipeline.fixpoints`): the path count
   travels in a ``__w`` column and each round is netted per tuple, so paths are counted, not enumerated,
-  and a round costs about 2 Spark jobs where Spark's own recursion costs 4-5 per level (measured; see
-  :mod:`pipeline.fixpoints`). Lost is read twice (R_K and the result) but computed once. The simpler signed series
+  and a round costs fewer Spark jobs than a level of Spark's own recursion (figures in
+  docs/BENCHMARKS.md, "Figures behind the code"). Lost is read twice (R_K and the result) but computed once. The simpler signed series
   Σₖ F_Qᵏ(ΔA + (F_Q − F_P)(R_pre)) is algebraically right too but may not terminate: a reparenting that
   closes a cycle the old rows led into yields +/- rows that cancel only in the limit.
 
