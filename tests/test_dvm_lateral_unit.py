@@ -10,6 +10,8 @@ from dvm import Context, QueryError, SourceRef, UnsupportedError
 from dvm.operators import Generate, LateralJoin
 from dvm.views import ViewDef, inline_views
 
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
+
 SCHEMAS = {
     "a": [("id", "int"), ("k", "int"), ("w", "int"), ("arr", "array<int>"), ("m", "map<string,int>"),
           ("st", "array<struct<x:int,y:string>>")],

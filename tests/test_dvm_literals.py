@@ -100,6 +100,7 @@ CASES: list[tuple[str, str]] = [
 SCHEMAS = {"t": [("id", "int"), ("name", "string"), ("d", "date")]}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("written", "rendered"), CASES, ids=[w for w, _ in CASES])
 def test_parse_then_render_keeps_the_literal(written: str, rendered: str) -> None:
     tree = parse(f"SELECT {written} AS c FROM t")
@@ -109,6 +110,7 @@ def test_parse_then_render_keeps_the_literal(written: str, rendered: str) -> Non
     assert again == tree and again.sql(SPARK) == out
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("written", "rendered"), CASES, ids=[w for w, _ in CASES])
 def test_compiled_operators_render_the_literal(written: str, rendered: str) -> None:
     """Through the whole compiler (qualify, rewrites, operators): the Project and Filter render it."""
@@ -118,6 +120,7 @@ def test_compiled_operators_render_the_literal(written: str, rendered: str) -> N
     assert f"Filter NOT {rendered} IS NULL" in text or f"Filter NOT ({rendered}) IS NULL" in text, text
 
 
+@pytest.mark.unit
 def test_the_doubled_quote_of_the_issue() -> None:
     """``WHERE name = 'O''Brien'`` compares with ``O'Brien``, not with ``CONCAT('O', 'Brien')``."""
     tree = parse("SELECT id FROM t WHERE name = 'O''Brien'")
@@ -128,6 +131,7 @@ def test_the_doubled_quote_of_the_issue() -> None:
     assert "Filter `__t2` = 'O\\'Brien'" in plan.tree_text() and "CONCAT" not in plan.tree_text()
 
 
+@pytest.mark.unit
 def test_every_rendering_entry_point_keeps_literals() -> None:
     """FULL refreshes (pin_sources), schema analysis (analyzable) and view inlining render with it too."""
     query = ("WITH RECURSIVE r AS (SELECT 1 AS n UNION SELECT n + 1 FROM r WHERE n < 3) "
@@ -142,6 +146,7 @@ def test_every_rendering_entry_point_keeps_literals() -> None:
     assert inlined == ["v"] and "<> 'it\\'s'" in out and "= 'O\\'Brien'" in out and "CONCAT" not in out, out
 
 
+@pytest.mark.unit
 def test_the_dialect_is_used_for_spark_only() -> None:
     assert dialect_of("spark") is SPARK and dialect_of("SPARK") is SPARK and isinstance(SPARK, TrickleSpark)
     assert type(dialect_of("postgres")).__name__ == "Postgres"
@@ -150,6 +155,7 @@ def test_the_dialect_is_used_for_spark_only() -> None:
     assert "'it\\'s'" in plan.tree_text() and "'O\\'Brien'" in plan.tree_text()
 
 
+@pytest.mark.unit
 def test_the_rendering_reads_the_same_with_sqlglots_own_spark_dialect() -> None:
     """Nothing spark-trickle renders depends on the fix to be read back: a quote is written ``\\'``."""
     for written, rendered in CASES:
@@ -158,6 +164,7 @@ def test_the_rendering_reads_the_same_with_sqlglots_own_spark_dialect() -> None:
         assert stock.find(exp.Concat) is None or "CONCAT" in rendered, written
 
 
+@pytest.mark.unit
 def test_a_typed_literal_takes_one_string() -> None:
     """Spark refuses ``DATE '2024-01-02' 'x'``; so does the parser (it does not glue the strings)."""
     with pytest.raises(dvm.QueryError):

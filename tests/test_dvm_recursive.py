@@ -11,6 +11,8 @@ from dvm import Context, SourceRef, UnsupportedError
 from dvm.operators import RecursiveCte
 from dvm.parser import analyzable
 
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
+
 SCHEMAS = {
     "org": [("id", "int"), ("name", "string"), ("parent", "int")],
     "edges": [("src", "int"), ("dst", "int")],

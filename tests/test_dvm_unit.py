@@ -10,6 +10,8 @@ from dvm.context import Fixpoint
 from dvm.operators.join import InnerJoin
 from dvm.plan import bag_delta_sql
 
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
+
 SCHEMAS = {
     "emp": [("id", "int"), ("name", "string"), ("dept", "int"), ("sal", "double")],
     "dept": [("id", "int"), ("dname", "string")],

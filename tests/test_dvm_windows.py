@@ -13,6 +13,8 @@ from dvm.operators import TopK, Window
 from dvm.operators.window import needs_tie_break, tie_broken
 from dvm.parser import pin_sources
 
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
+
 SCHEMAS = {
     "emp": [("id", "int"), ("name", "string"), ("dept", "int"), ("sal", "double"), ("tags", "map<string,int>")],
     "dept": [("id", "int"), ("dname", "string")],
