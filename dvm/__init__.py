@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dvm import key_filter
 from dvm.builder import compile_tree
 from dvm.context import FLOAT_IDENTITY, HELD_SEED, PREV, Context, Fixpoint, SourceRef, quote
-from dvm.dialect import SPARK
+from dvm.dialect import SPARK, check_dialect
 from dvm.errors import QueryError, TrickleError, UnsupportedError
 from dvm.operators import Node, RecursiveCte, Scan
 from dvm.parser import FLATTEN, MAX_NESTING, analyzable, check_nesting, pin_sources, source_keys, table_key
@@ -40,7 +40,7 @@ __all__ = [
     "Node", "Scan", "RecursiveCte",
     # the hidden columns of a stream table
     "ROW_ID", "ROW_HASH", "DEL", "DW",
-    # Spark SQL text
-    "SPARK", "quote",
+    # Spark SQL text, and the dialect a defining query is written in
+    "SPARK", "quote", "check_dialect",
     "QueryError", "UnsupportedError", "TrickleError",
 ]
