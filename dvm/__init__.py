@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from dvm import key_filter
 from dvm.builder import compile_tree
-from dvm.context import FLOAT_IDENTITY, HELD_SEED, PREV, Context, Fixpoint, SourceRef, quote
-from dvm.dialect import SPARK, check_dialect
+from dvm.context import FLOAT_IDENTITY, HELD_SEED, PREV, Context, Fixpoint, SourceRef
+from dvm.dialect import SPARK, check_dialect, quote
 from dvm.errors import QueryError, TrickleError, UnsupportedError
 from dvm.operators import Node, RecursiveCte, Scan
 from dvm.parser import FLATTEN, MAX_NESTING, analyzable, check_nesting, pin_sources, source_keys, table_key

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
+from dvm.dialect import quote, sql_string
+
 if TYPE_CHECKING:
     from dvm.key_filter import KeyFilter
 
@@ -22,15 +24,6 @@ State = Literal["pre", "post"]
 
 #: In rendered SQL, a key filter's predicate until the refresh executor fills it in (:meth:`Context.key_filter`)
 KEY_FILTER_TOKEN = "__trickle_keys_"
-
-
-def quote(name: str) -> str:
-    """Backtick-quote one identifier for Spark SQL."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-def sql_string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 #: How a floating value is identified in ``__row_hash`` (the identity a plain-rows table's stored copies are

@@ -132,6 +132,17 @@ class TrickleSpark(Spark):
             return super().cast_sql(expression, safe_prefix)
 
 
+def quote(name: str) -> str:
+    """Backtick-quote one identifier for Spark SQL."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def sql_string(value: str) -> str:
+    """A Spark SQL string literal for ``value`` (backslash escapes, read the same whatever the legacy
+    settings named in the module docstring)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 #: the dialect instance to parse and render with (an instance: sqlglot builds one per call from a name)
 SPARK = TrickleSpark()
 

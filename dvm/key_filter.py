@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dvm.context import sql_string
+from dvm.dialect import sql_string
 
 #: ranges of integral or date keys in one predicate (each a pair of bounds Delta and Parquet skip by)
 MAX_RANGES = 16
