@@ -3,8 +3,9 @@
 A column of the qualified query is known by (table alias, column name); the builder renames each to a
 unique internal name (``__tN``) so generated SQL never qualifies a column. ``env`` maps the first to the
 second within one scope, and :meth:`Scope.translate` rewrites an expression over it. Each clause module
-(select, from_clause, where, aggregate, windows, lateral, ctes) adds its methods to :class:`Scope`; the
-:class:`~dvm.builder.compile.Builder` joins them, so a clause calls another through ``self``."""
+(select, from_clause, where, aggregate, windows, lateral, ctes) holds one subclass of :class:`Scope` with
+its clause's methods; :class:`~dvm.builder.compile.Builder` joins them, so a clause calls another through
+``self`` and no clause module imports another (a subquery in WHERE builds a query, which builds a WHERE)."""
 
 from __future__ import annotations
 
