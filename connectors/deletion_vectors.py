@@ -3,14 +3,14 @@
 The rule: a change deletes some stored copies (found by ``__row_hash``, see :mod:`pipeline.plain_rows`) and
 inserts new rows. Copy-on-write (delta-rs' MERGE, Spark's MERGE without deletion vectors) rewrites every data
 file that holds a deleted row, and scattered deletions touch every file, so the commit costs as much as
-rewriting the table: at 10M stored rows, 2.3 s of a 2.4 s refresh for 85 deleted rows. Here each touched
+rewriting the table: at 10M stored rows, nearly all of a refresh that deletes a few dozen rows. Here each touched
 file keeps its bytes and gets a *deletion vector* (Delta's ``deletionVectors`` table feature) listing the
 positions of its deleted rows; what the commit costs is one read of the ``__row_hash`` column of the live
 files (8 bytes a row, to find the positions), a file of inserted rows, a change-data file and the commit.
 
 Why written here: delta-rs reads deletion vectors but writes none (delta-io/delta-rs#4512), and Spark's MERGE
-with them still joins the whole table to find the matched rows (measured 9-12 s at 10M rows, see
-docs/BENCHMARKS.md).
+with them still joins the whole table to find the matched rows (figures in docs/BENCHMARKS.md, "Deletions
+marked, not rewritten").
 
 One commit carries everything a Spark MERGE would, so readers and the frontier protocol cannot tell the
 difference:

@@ -1,8 +1,8 @@
 """Commits small deltas with delta-rs (the ``deltalake`` package) instead of a Spark write.
 
-Why: a Spark write is several Spark jobs and a second of driver work even for ten rows (measured here:
-a MERGE of 100 rows into a 500-row table 1.9-2.4 s, an append 0.55-0.7 s), while delta-rs commits the same
-to the same Spark-created table in 7-30 ms. Once Spark has computed a small delta and handed it to the
+Why: a Spark write is several Spark jobs and about a second of driver work even for ten rows, while
+delta-rs commits the same to the same Spark-created table in milliseconds (figures in docs/BENCHMARKS.md,
+"Figures behind the code"). Once Spark has computed a small delta and handed it to the
 driver as Arrow, committing it through delta-rs turns the write from most of a refresh into a rounding
 error.
 
@@ -111,8 +111,8 @@ _OPENED_LOCK = threading.Lock()
 
 def opened(path: str, version: int) -> Any:
     """The table at ``path`` as of ``version``, opened by delta-rs for reading only, shared with other readers of
-    the same version. Why: opening replays the log from the last checkpoint (12-19 ms for 35 small commits,
-    more for longer logs), and one refresh opens a source at one version for its snapshot, its change window
+    the same version. Why: opening replays the log from the last checkpoint (milliseconds that grow with
+    the log), and one refresh opens a source at one version for its snapshot, its change window
     and its sizes, while every stream table over that source opens it again at the same version. A version is
     immutable, but a path can be a new table after a drop and re-create: the cached copy is used only while
     the version's commit file is the same file (inode, size, mtime). Callers must not write through it."""
@@ -277,8 +277,8 @@ def read_small(path: str, version: int, max_bytes: int, max_rows: int) -> Any | 
     most ``max_rows`` rows (None when larger, or when delta-rs cannot read it). Rows matter as much as bytes:
     the rows become a local relation inside Spark's plan, which is planned and shipped with every task. Why: a refresh whose delta reads the stream table's own rows
     (an aggregate's stored state) otherwise has Spark load a snapshot of a table delta-rs committed to,
-    which writes no checksum file, so Spark replays the log with two Spark jobs first (measured: 0.2-1 s
-    per refresh); a small table read here costs milliseconds and no job."""
+    which writes no checksum file, so Spark replays the log with two Spark jobs first; a small table read
+    here costs milliseconds and no job (figures in docs/BENCHMARKS.md, "Figures behind the code")."""
     if _local(path) is None or max_bytes <= 0:
         return None
     try:
@@ -460,8 +460,8 @@ def _committing(path: str, version: int) -> Iterator[Any]:
     """The table at ``version`` to commit through: the one the previous commit went through, when that commit
     made ``version`` (the same commit file), else freshly opened; kept for the next commit when the block
     ends normally (a failed commit's table is dropped). Why: delta-rs updates a table to the version it
-    committed, while opening one replays the log from its last checkpoint (7 ms per refresh in the floor
-    benchmark, up to 60 ms a hundred commits after a checkpoint). The caller holds the stream table's refresh
+    committed, while opening one replays the log from its last checkpoint (a cost of every refresh that
+    grows with the commits since the checkpoint). The caller holds the stream table's refresh
     lock, and the table is taken out while in use, so no two commits go through one object."""
     from deltalake import DeltaTable
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from connectors.delta_log import TRICKLE_KEY, DeltaLog
-from dvm.context import quote
+from dvm import quote
 
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 #: the Delta idempotent-transaction app id of refresh commits (see the module docstring)
@@ -92,8 +92,8 @@ def merge(spark: Any, path: str, source_sql: str, statement: Callable[[str], str
     turns the name of the materialised delta into the MERGE statement.
 
     ``interpreted`` turns Spark's code generation off for this refresh. Compiling generated Java is most
-    of the driver's CPU time in a small refresh (measured: 37% of samples; a refresh over 1000-row tables
-    took 3.7 s instead of 5.4 s without it), and it only pays off when many rows flow through the plan.
+    of the driver's CPU time in a small refresh (figures in docs/BENCHMARKS.md, "Figures behind the code"),
+    and it only pays off when many rows flow through the plan.
 
     ``read_version``: the stream table's version the refresh read its frontier at (see the module
     docstring). ``conf``: more settings for this refresh's session."""

@@ -46,7 +46,7 @@ from typing import Any
 
 from connectors import debezium_schema
 from connectors.debezium import DecodeError, SourceSchema, decode
-from dvm.context import quote
+from dvm import quote
 
 #: Delta session settings that make the next write idempotent (skipped if this app id already committed
 #: this version or a later one).

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
+from dvm.dialect import quote, sql_string
+
 if TYPE_CHECKING:
     from dvm.key_filter import KeyFilter
 
@@ -24,21 +26,13 @@ State = Literal["pre", "post"]
 KEY_FILTER_TOKEN = "__trickle_keys_"
 
 
-def quote(name: str) -> str:
-    """Backtick-quote one identifier for Spark SQL."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-def sql_string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 #: How a floating value is identified in ``__row_hash`` (the identity a plain-rows table's stored copies are
 #: found by; fixed per stream table, see ``StreamTableDef.float_identity``):
 #:
 #: * ``bits37``: rounded to 37 significant bits (about 11 decimal digits) by Veltkamp's split, three
-#:   floating-point operations. The default since it was measured: the older form cost 4.4 s of CPU per 10M
-#:   rows (``format_string``, Java's formatter), most of a FULL refresh of a scan with a DOUBLE column.
+#:   floating-point operations. The default since the older form (``format_string``, Java's formatter)
+#:   was found to be most of a FULL refresh of a scan with a DOUBLE column (docs/BENCHMARKS.md, "Figures
+#:   behind the code").
 #: * ``digits12``: 12 significant decimal digits (``format_string('%.12g')``), tables created before.
 FLOAT_IDENTITIES = ("bits37", "digits12")
 FLOAT_IDENTITY = FLOAT_IDENTITIES[0]
@@ -108,9 +102,26 @@ class Fixpoint:
             (f"{HELD_SEED}table_changes_by_path(", f"{HELD_SEED}delta.`"))
 
 
+@dataclass
+class Rendering:
+    """What rendering one refresh's SQL records on the way, for the refresh executor to act on: a
+    :class:`Context` is fixed for the refresh, and this is the part of it that grows while rules render."""
+
+    #: what rules decided (e.g. which recursive-CTE strategy), for the refresh's record
+    notes: list[str] = field(default_factory=list)
+    #: fixpoints the rendered SQL reads, in the order they must run (a later one may read an earlier one)
+    fixpoints: list[tuple[str, Fixpoint]] = field(default_factory=list)
+    #: the key filters the rendered SQL holds tokens of, filled in by the refresh executor
+    key_filters: list[tuple[str, KeyFilter]] = field(default_factory=list)
+    #: the held snapshots and change windows read on the driver (filled by :meth:`Context.table` and
+    #: :meth:`Context.changes`)
+    driver_held: set[str] = field(default_factory=set)
+
+
 @dataclass(frozen=True)
 class Context:
-    """The sources of one refresh, by source key (the normalised table name used in the query)."""
+    """The sources of one refresh, by source key (the normalised table name used in the query), and how to
+    read them. Its fields never change; what rendering records goes to :attr:`rendering`."""
 
     sources: dict[str, SourceRef] = field(default_factory=dict)
     #: the stream table's own Delta path: the algebraic aggregate rule reads its stored state from it
@@ -120,10 +131,6 @@ class Context:
     #: the refresh executor knows the change window is small (it collects the delta to the driver): a rule
     #: may broadcast a relation derived from the delta instead of letting Spark shuffle a large table
     small_delta: bool = False
-    #: what rules decided while rendering this refresh (e.g. which recursive-CTE strategy), for its record
-    notes: list[str] = field(default_factory=list)
-    #: fixpoints the rendered SQL reads, in the order they must run (a later one may read an earlier one)
-    fixpoints: list[tuple[str, Fixpoint]] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     #: read each change window (and each snapshot under ``hold_below`` bytes) once, held for the delta query
     #: (see :meth:`changes` and :meth:`table`)
@@ -135,8 +142,6 @@ class Context:
     driver_below: int = 0
     #: the same for a change window (no change feed planning, no scan of its files)
     changes_driver_below: int = 0
-    #: the held snapshots and change windows read on the driver (filled by :meth:`table` and :meth:`changes`)
-    driver_held: set[str] = field(default_factory=set)
     #: a literal unique to this refresh, hashed into the ``__row_id`` of every row a plain-rows (bag) stream
     #: table gains (see :mod:`dvm.plan`): ids of rows inserted by different refreshes must not repeat, while a
     #: refresh's SQL stays deterministic (Delta's MERGE may read its source twice). The refresh executor sets
@@ -148,8 +153,24 @@ class Context:
     #: a join's input whose post snapshot reads at least this many bytes is filtered by the join keys of the
     #: other input's small delta (see :mod:`dvm.key_filter`); 0: never
     key_filter_above: int = 0
-    #: the key filters the rendered SQL holds tokens of, filled in by the refresh executor
-    key_filters: list[tuple[str, KeyFilter]] = field(default_factory=list)
+    #: what rendering records (the one mutable part): see :class:`Rendering`
+    rendering: Rendering = field(default_factory=Rendering)
+
+    @property
+    def notes(self) -> list[str]:
+        return self.rendering.notes
+
+    @property
+    def fixpoints(self) -> list[tuple[str, Fixpoint]]:
+        return self.rendering.fixpoints
+
+    @property
+    def key_filters(self) -> list[tuple[str, KeyFilter]]:
+        return self.rendering.key_filters
+
+    @property
+    def driver_held(self) -> set[str]:
+        return self.rendering.driver_held
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -213,8 +234,8 @@ class Context:
         :class:`Fixpoint`) and every operator reading it reads that. Why: Spark inlines CTEs, so a delta
         rule that refers to a source's changes in several places holds as many Change Data Feed relations,
         and planning each one plans a whole query of its own (file listing of the window's commits
-        included). Measured on a 3-source setops/scalar-subquery delta: 60% of a refresh's planning time.
-        A change window is small by the premise of a differential refresh, so holding it costs little."""
+        included), most of a refresh's planning time on a multi-source delta (docs/BENCHMARKS.md, "Figures
+        behind the code"). A change window is small by the premise of a differential refresh, so holding it costs little."""
         ref = self.sources[key]
         assert ref.pre is not None, "a change window needs a pre frontier"
         window = f"table_changes_by_path({sql_string(ref.path)}, {ref.pre + 1}, {ref.post})"
@@ -228,8 +249,7 @@ class Context:
     def unshare_single_reads(self, sql: str) -> str:
         """``sql`` with every held source read (change window or small snapshot) that Spark would read only
         once put back in place (and dropped from :attr:`fixpoints`): holding it would cost a plan of its own
-        and the held blocks, and save nothing (measured when a held read still had a count job of its own,
-        on one-source aggregate and filter tables over 1000 rows: one job and 0.2-0.6 s more per refresh).
+        and the held blocks, and save nothing (docs/BENCHMARKS.md, "Figures behind the code").
 
         A held query that is not a source read (a loop-free :class:`Fixpoint` such as the netted delta of a
         plain-rows table, see :mod:`dvm.plan`) runs once, so the reads in its seed count once, beside those

@@ -36,7 +36,10 @@ Not covered (Spark settings the dvm layer cannot see): ``spark.sql.ansi.doubleQu
 are not escapes) and the legacy consecutive-string setting above.
 
 Use :data:`SPARK` (an instance) wherever the project parses or renders Spark SQL, and :func:`dialect_of`
-where a caller names a dialect: ``"spark"`` means this one.
+where a caller names a dialect: ``"spark"`` means this one. A defining query may be written in another
+sqlglot dialect (``create_stream_table(..., dialect="postgres")``): it is parsed in that dialect, and
+everything after the parse (qualifying, typing, the delta and FULL SQL) works on the tree and renders
+Spark SQL with :data:`SPARK`.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect, DialectType
 from sqlglot.dialects.spark import Spark
 from sqlglot.tokens import TokenType
+
+from dvm.errors import QueryError
 
 #: meta key on a Cast that stands for a literal as written: "typed" (``DATE '...'``) or the numeric suffix
 LITERAL = "trickle_literal"
@@ -127,6 +132,17 @@ class TrickleSpark(Spark):
             return super().cast_sql(expression, safe_prefix)
 
 
+def quote(name: str) -> str:
+    """Backtick-quote one identifier for Spark SQL."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def sql_string(value: str) -> str:
+    """A Spark SQL string literal for ``value`` (backslash escapes, read the same whatever the legacy
+    settings named in the module docstring)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 #: the dialect instance to parse and render with (an instance: sqlglot builds one per call from a name)
 SPARK = TrickleSpark()
 
@@ -137,6 +153,21 @@ def dialect_of(dialect: DialectType) -> Dialect:
     if isinstance(dialect, str) and dialect.lower() == "spark":
         return SPARK
     return Dialect.get_or_raise(dialect)
+
+
+def check_dialect(name: str) -> str:
+    """``name`` checked as the dialect a defining query is written in: a sqlglot dialect name, returned lower
+    case. Why here: the dialect is kept with a stream table and every refresh parses its query in it, so an
+    unknown name is refused when the table is declared, naming the known ones."""
+    key = name.strip().lower() if isinstance(name, str) else ""
+    try:
+        if not key:
+            raise ValueError(name)
+        dialect_of(key)
+    except ValueError:
+        known = ", ".join(sorted(d for d, cls in Dialect.classes.items() if d and cls is not TrickleSpark))
+        raise QueryError(f"unknown SQL dialect {name!r}: use one of {known}") from None
+    return key
 
 
 def _memoize_type_names() -> None:

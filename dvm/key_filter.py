@@ -2,7 +2,8 @@
 
 Why: the inner join's delta term ``ΔL ⋈ R_post`` needs only the rows of ``R_post`` whose key some row of
 ``ΔL`` carries, but Spark has no index to look them up, so it scans all of ``R_post`` (TPC-H at SF 1: a few
-thousand changed orders joined with lineitem's 6M rows, a job of about 2 s, more than recomputing the query).
+thousand changed orders joined with lineitem's 6M rows, a job that cost more than recomputing the query;
+figures in docs/BENCHMARKS.md, "Figures behind the code").
 Delta skips whole files, and Parquet skips row groups and pages, whose min/max statistics miss a predicate
 with literals. So a small, held delta's keys are read on the driver first, and the term filters ``R_post`` by
 them: an IN-list, or up to :data:`MAX_RANGES` ranges split at the widest gaps between the sorted keys (a
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dvm.context import sql_string
+from dvm.dialect import sql_string
 
 #: ranges of integral or date keys in one predicate (each a pair of bounds Delta and Parquet skip by)
 MAX_RANGES = 16

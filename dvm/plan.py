@@ -140,7 +140,7 @@ def bag_changes_sql(delta: str, names: list[str], types: list[str], target: str,
     instead would save that shuffle, but a window deleting very many distinct rows would then fill the
     driver's memory. ``broadcast`` (the refresh executor knows the window is small, see
     :attr:`dvm.context.Context.small_delta`): broadcast the negative tuples, so the table is only scanned,
-    never shuffled (measured at 10M stored rows: the sort-merge join shuffled both hidden columns)."""
+    never shuffled (at 10M stored rows the sort-merge join shuffled both hidden columns)."""
     users = col_list(names)
     ins = (f"SELECT xxhash64({sql_string(salt)}, {ROW_HASH}, __copy) AS {ROW_ID}, {users}, {ROW_HASH}, "
            f"FALSE AS {DEL} FROM (SELECT * FROM {delta} WHERE {DW} > 0) "
@@ -453,8 +453,8 @@ class Plan:
         rescans = [c for a in agg.aggs if (c := a.needs_rescan())]
         flag = f"({' OR '.join(rescans)})" if rescans else "FALSE"
         # The flag goes through a generator: Spark pushes a filter down through projections by inlining
-        # their expressions, and the merge layers inlined into WHERE __rescan grow exponentially (measured:
-        # 15 s of optimisation for 45 calls); a filter on a generated column stays where it is.
+        # their expressions, and the merge layers inlined into WHERE __rescan grow exponentially (figures in
+        # docs/BENCHMARKS.md, "Figures behind the code"); a filter on a generated column stays where it is.
         n = (f"SELECT * FROM (SELECT *, {', '.join(merged)} FROM ({cur})) "
              f"LATERAL VIEW explode(array({flag})) __r AS __rescan")
         keys_cols = col_list(k.group_names)

@@ -28,6 +28,7 @@ from sqlglot import exp
 
 from dvm.dialect import SPARK
 from dvm.errors import QueryError
+from dvm.own_stack import on_own_stack
 
 MERGED = "trickle_merged_join"
 
@@ -417,15 +418,13 @@ class _ReadsUnknown(Counter[tuple[str, str]]):
 def inlined_read_counts(sql: str) -> Counter[tuple[str, str]]:
     """How often Spark's plan of ``sql`` reads each qualified table ``(db, name)`` once CTEs are inlined: a
     reference in a CTE counts as often as the CTE is itself read, scoped like SQL (a nested WITH sees the
-    outer CTEs). All tables in one parse: a delta query can be tens of kilobytes long (parsing it once per
-    table cost 0.1 s each, per refresh).
+    outer CTEs). All tables in one parse: a delta query can be tens of kilobytes long, and parsing it once
+    per table was a cost of every refresh.
 
     The walk keeps its own stack instead of recursing: a long chain of ``OR`` / ``AND`` / ``+`` is a tree
     thousands of nodes deep (sqlglot parses and renders such chains without recursion), and a recursive
     walk failed every refresh of a query that created fine. Work items run in the recursive walk's order
     (a CTE is counted before anything after it reads its counter), and every CTE sees the ones before it."""
-    from dvm.parser import on_own_stack  # parser imports this module
-
     try:
         tree = on_own_stack(lambda: sqlglot.parse_one(sql, read=SPARK))
     except RecursionError:

@@ -46,7 +46,7 @@ def change_query(st: StreamTables, d: StreamTableDef, query: str) -> None:
     if not isinstance(query, str) or not query.strip():
         raise CatalogError(f"stream table {d.name}: the new query is empty")
     try:
-        draft, _ = st._definition(d.name, query.strip(), d.schedule, d.refresh_mode)
+        draft, _ = st._definition(d.name, query.strip(), d.schedule, d.refresh_mode, d.dialect)
     except TrickleError as e:
         raise type(e)(*_args(e, f"{e} (ALTER of {d.name}: the old query stays in place)")) from None
     check_no_cycle(st, d.name, draft.sources)
@@ -119,7 +119,7 @@ def revalidate_dependents(st: StreamTables, key: str, old_names: list[str], new_
     for name in st.catalog.dependents(key):
         dep = st.catalog.get(name)
         try:
-            draft, _ = st._definition(name, dep.query, dep.schedule, dep.refresh_mode)
+            draft, _ = st._definition(name, dep.query, dep.schedule, dep.refresh_mode, dep.dialect)
         except TrickleError as e:
             mark_error(st, dep, missing_message(dep, key, removed, new_names, e))
             continue

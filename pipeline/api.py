@@ -9,9 +9,8 @@ import time
 from typing import Any
 
 import dvm
-import dvm.views
 from connectors.delta_log import DeltaLog
-from dvm.context import PREV, quote
+from dvm import PREV, quote
 from pipeline import fixpoints, metastore
 from pipeline.catalog import (
     NAME_MAX_LENGTH,
@@ -147,7 +146,7 @@ class StreamTables:
 
     # --- views ---
 
-    def _view(self, name: str) -> dvm.views.ViewDef | None:
+    def _view(self, name: str) -> dvm.ViewDef | None:
         """The view ``name`` as the Spark catalog describes it, or None when ``name`` is not a view."""
         try:
             if not self.spark.catalog.tableExists(name):
@@ -165,11 +164,12 @@ class StreamTables:
                               "VIEW ... AS SELECT, or write the DataFrame to a Delta table (Change Data Feed on) "
                               "and read that")
         columns = [c["name"] for c in doc.get("columns") or []]
-        return dvm.views.ViewDef(name, text, columns, {
+        return dvm.ViewDef(name, text, columns, {
             "namespace": doc.get("view_catalog_and_namespace"), "temporary": bool(table.isTemporary)})
 
-    def _inline_views(self, query: str) -> tuple[str, list[str]]:
-        """``query`` with the views it reads (nested ones too) inlined; see :mod:`dvm.views`."""
+    def _inline_views(self, query: str, dialect: str = "spark") -> tuple[str, list[str]]:
+        """``query`` (in SQL ``dialect``) with the views it reads (nested ones too) inlined; see
+        :func:`dvm.inline_views`."""
         catalog = (self.spark.catalog.currentCatalog() or "").lower()
         database = (self.spark.catalog.currentDatabase() or "").lower()
 
@@ -182,7 +182,7 @@ class StreamTables:
                 parts = parts[1:]
             return ".".join(parts)
 
-        def resolve(name: str, inside: dvm.views.ViewDef | None) -> str | dvm.views.ViewDef:
+        def resolve(name: str, inside: dvm.ViewDef | None) -> str | dvm.ViewDef:
             if _path_source(name) is not None:
                 return name  # a table by path is no view
             full = name
@@ -196,7 +196,7 @@ class StreamTables:
                 return view
             return name if inside is None else short(full.split("."))
 
-        return dvm.views.inline_views(query, resolve)
+        return dvm.inline_views(query, resolve, dialect)
 
     def _is_temp_view(self, name: str) -> bool:
         try:
@@ -207,8 +207,10 @@ class StreamTables:
     # --- API ---
 
     def create_stream_table(self, name: str, query: str, schedule: str | None = "1m",
-                            refresh_mode: str = "AUTO", initialize: bool = True) -> None:
-        """Declare a stream table; with ``initialize`` populate it now (a FULL refresh).
+                            refresh_mode: str = "AUTO", initialize: bool = True, dialect: str = "spark") -> None:
+        """Declare a stream table; with ``initialize`` populate it now (a FULL refresh). ``dialect``: the SQL
+        dialect ``query`` is written in (a sqlglot dialect name, e.g. ``postgres``); it is kept with the table,
+        every refresh reads the query in it, and what runs is Spark SQL rendered from it.
 
         Raises QueryError (bad SQL, unknown table or column), UnsupportedError (construct not maintainable
         when the mode is DIFFERENTIAL or IMMEDIATE), SourceError (not Delta, CDF off) or CatalogError
@@ -221,7 +223,7 @@ class StreamTables:
             raise CatalogError(f"stream table {key} already exists; drop it first or use alter_stream_table")
         if self.spark.catalog.tableExists(key):
             raise CatalogError(f"a table named {key} already exists and is not a stream table")
-        draft, latest = self._definition(key, query, schedule, mode)
+        draft, latest = self._definition(key, query, schedule, mode, dvm.check_dialect(dialect))
         path = draft.path
         self.catalog.put(draft)
         try:
@@ -237,17 +239,17 @@ class StreamTables:
             self.catalog.storage.delete_tree(path)
             raise
 
-    def _definition(self, key: str, query: str, schedule: str | None,
-                    mode: str) -> tuple[StreamTableDef, dict[str, int]]:
+    def _definition(self, key: str, query: str, schedule: str | None, mode: str,
+                    dialect: str = "spark") -> tuple[StreamTableDef, dict[str, int]]:
         """The definition of stream table ``key`` by ``query``, checked as create checks it (SQL, sources,
         output columns, differentiability for ``mode``), and its sources' latest versions; writes nothing.
         Shared by create and by an ALTER of the query (:mod:`pipeline.alter`)."""
         sources: dict[str, SourceInfo] = {}
         schemas: dict[str, list[tuple[str, str]]] = {}
         try:
-            maintained, views = self._inline_views(query)
-            dvm.parser.check_nesting(maintained)  # what refreshes parse and render (views inlined)
-            keys = dvm.source_keys(maintained)
+            maintained, views = self._inline_views(query, dialect)
+            dvm.check_nesting(maintained, dialect)  # what refreshes parse and render (views inlined)
+            keys = dvm.source_keys(maintained, dialect)
         except (QueryError, SourceError) as e:
             raise type(e)(f"stream table {key}: {e}") from None
         for src_key in keys:
@@ -255,9 +257,10 @@ class StreamTables:
         path = self.catalog.table_path(key)
         latest = {k: DeltaLog(self.spark, s.path).latest_version() or 0 for k, s in sources.items()}
         draft = StreamTableDef(key, query, schedule, mode, path, sources, [], [], "bag",
-                               inlined_query=maintained if views else None, views=views,
+                               inlined_query=maintained if views else None, views=views, dialect=dialect,
                                float_identity=dvm.FLOAT_IDENTITY)
-        pinned = dvm.parser.pin_sources(dvm.parser.analyzable(maintained), self.refresher.from_items(draft, latest))
+        pinned = dvm.pin_sources(dvm.analyzable(maintained, dialect), self.refresher.from_items(draft, latest),
+                                 dialect)
         try:
             schema = self.spark.sql(pinned).schema
         except Exception as e:  # AnalysisException and friends: unknown column, type errors
@@ -272,7 +275,7 @@ class StreamTables:
         draft.names = names
         draft.types = [f.dataType.simpleString() for f in schema.fields]
         try:
-            plan = dvm.compile_query(maintained, schemas)
+            plan = dvm.compile_query(maintained, schemas, dialect)
             draft.layout = plan.layout
         except UnsupportedError as e:
             if mode in ("DIFFERENTIAL", "IMMEDIATE"):
@@ -287,7 +290,7 @@ class StreamTables:
             draft.full_reason = f"cannot build an operator tree: {e}"
         except RecursionError:  # check_nesting's limit should prevent it: never a raw error, never stored
             raise QueryError(f"stream table {key}: the query nests too deeply to be compiled: "
-                             f"{dvm.parser.FLATTEN}") from None
+                             f"{dvm.FLATTEN}") from None
         return draft, latest
 
     def _create_empty(self, d: StreamTableDef, latest: dict[str, int]) -> None:
@@ -382,7 +385,7 @@ class StreamTables:
             sources, schemas = {}, {}
             try:
                 maintained, views = self._inline_views(text)
-                dvm.parser.check_nesting(maintained)
+                dvm.check_nesting(maintained)
                 keys = dvm.source_keys(maintained)
             except QueryError as e:
                 raise QueryError(_explain_query_error(text, e)) from None
@@ -450,7 +453,8 @@ class StreamTables:
         """QueryError when Spark cannot analyse the query of ``d`` (unknown column, type error), as create
         would raise: analysis only, no job."""
         latest = {k: DeltaLog(self.spark, s.path).latest_version() or 0 for k, s in d.sources.items()}
-        pinned = dvm.parser.pin_sources(dvm.parser.analyzable(d.maintained_query), self.refresher.from_items(d, latest))
+        pinned = dvm.pin_sources(dvm.analyzable(d.maintained_query, d.dialect), self.refresher.from_items(d, latest),
+                                 d.dialect)
         try:
             self.spark.sql(pinned).schema  # noqa: B018 - analysing is the point
         except Exception as e:  # AnalysisException and friends
@@ -582,6 +586,6 @@ def _pretty(sql: str) -> str:
     try:
         import sqlglot
 
-        return sqlglot.transpile(sql, read=dvm.dialect.SPARK, write=dvm.dialect.SPARK, pretty=True)[0]
+        return sqlglot.transpile(sql, read=dvm.SPARK, write=dvm.SPARK, pretty=True)[0]
     except Exception:  # noqa: BLE001 - formatting is best effort
         return sql

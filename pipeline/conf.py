@@ -788,7 +788,7 @@ def query_sources(spec: StreamTableSpec) -> list[str]:
 
 def _check_graph(path: Path, specs: list[StreamTableSpec]) -> None:
     """Each query must parse, and stream tables must not read themselves, directly or through others."""
-    from dvm.errors import TrickleError as DvmError
+    from dvm import TrickleError as DvmError
 
     index = {s.name.lower(): i for i, s in enumerate(specs)}
     reads: dict[str, list[str]] = {}

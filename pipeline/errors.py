@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dvm.errors import QueryError, TrickleError, UnsupportedError
+from dvm import QueryError, TrickleError, UnsupportedError
 
 __all__ = [
     "TrickleError",

@@ -29,8 +29,7 @@ from typing import Any
 
 from connectors import delta_rs
 from connectors.delta_log import DeltaLog, TableMeta
-from dvm import key_filter
-from dvm.context import HELD_SEED, PREV, Context, Fixpoint, quote
+from dvm import HELD_SEED, PREV, Context, Fixpoint, key_filter, quote
 from pipeline.errors import RefreshError
 
 #: Spark's own bound on recursion depth; the fixpoint honours it too (-1: unbounded).

@@ -37,7 +37,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from dvm.errors import TrickleError
+from dvm import TrickleError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 #: the stamp a complete cache folder holds (its content: the key)

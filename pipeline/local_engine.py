@@ -61,8 +61,7 @@ from typing import Any
 
 from connectors import delta_rs
 from connectors.delta_log import DeltaLog, _local
-from dvm import key_filter
-from dvm.context import PREV, Context, Fixpoint
+from dvm import PREV, Context, Fixpoint, key_filter
 from pipeline import spark_types
 from pipeline.errors import RefreshError
 
@@ -396,7 +395,7 @@ class _Translator:
     def __call__(self, sql: str) -> str:
         import sqlglot
 
-        from dvm.dialect import SPARK
+        from dvm import SPARK
 
         tree = sqlglot.parse_one(sql, read=SPARK)
         targets = []  # one walk: the check, and the nodes the later steps look at
@@ -415,7 +414,7 @@ class _Translator:
         RECURSIVE: Spark stops a recursion at ``spark.sql.cteRecursionLevelLimit`` levels (and
         ``cteRecursionRowLimit`` rows) with an error, DuckDB would go on (forever, on a cycle); the rounds
         here stop well before Spark's limits and leave the rest to Spark."""
-        from dvm.dialect import SPARK
+        from dvm import SPARK
 
         exp = self.exp
 
@@ -452,7 +451,7 @@ class _Translator:
         """Spark's types of the columns of query ``sql`` (a held relation's seed)."""
         import sqlglot
 
-        from dvm.dialect import SPARK
+        from dvm import SPARK
 
         tree = sqlglot.parse_one(sql, read=SPARK)
         for table in tree.find_all(self.exp.Table):

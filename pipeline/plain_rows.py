@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dvm.plan import DEL, DW, ROW_HASH, ROW_ID
+from dvm import DEL, DW, ROW_HASH, ROW_ID
 
 
 def negative_hashes(delta: pa.Table) -> pa.Array:

@@ -41,8 +41,7 @@ import pyarrow.compute as pc
 import dvm
 from connectors import deletion_vectors, delta_errors, delta_log, delta_rs, delta_sink
 from connectors.delta_log import DeltaLog, SourceWindow
-from dvm.context import Context, SourceRef, quote
-from dvm.plan import plain_rows_sql
+from dvm import Context, SourceRef, plain_rows_sql, quote
 from pipeline import fixpoints, history, local_engine, plain_rows, source_schema, strategy, transaction_logs
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.decision import decide
@@ -735,7 +734,7 @@ class Refresher:
         ctx = ctx if ctx is not None else self.context(d, None, post)
         if plan is not None:
             return plan.full_sql(ctx, d.types)
-        pinned = dvm.parser.pin_sources(d.maintained_query, self.from_items(d, post), d.dialect)
+        pinned = dvm.pin_sources(d.maintained_query, self.from_items(d, post), d.dialect)
         return plain_rows_sql(pinned, d.names, d.types, ctx.salt, ctx.float_identity)
 
     def from_items(self, d: StreamTableDef, post: dict[str, int]) -> dict[str, str]:
@@ -805,8 +804,8 @@ class Refresher:
     def _check_output(self, d: StreamTableDef, post: dict[str, int], windows: dict[str, SourceWindow]) -> None:
         changed = [f"{k} (version {w.schema_changed_at})" for k, w in windows.items() if w.schema_changed_at]
         why = f"source {', '.join(changed)} changed its schema" if changed else "a source was re-created"
-        pinned = dvm.parser.pin_sources(dvm.parser.analyzable(d.maintained_query), self.from_items(d, post),
-                                        d.dialect)
+        pinned = dvm.pin_sources(dvm.analyzable(d.maintained_query, d.dialect), self.from_items(d, post),
+                                 d.dialect)
         try:
             schema = self.spark.sql(pinned).schema
         except Exception as e:  # noqa: BLE001 - AnalysisException: a column or table the query reads is gone

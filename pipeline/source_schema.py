@@ -32,8 +32,7 @@ import sqlglot
 from sqlglot import exp
 
 from connectors.debezium_schema import is_widening
-from dvm.operators.base import Node
-from dvm.operators.scan import Scan
+from dvm import Node, Scan
 
 MAPPING_ID = "delta.columnMapping.id"
 

@@ -141,3 +141,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {m: i for i, m in enumerate(LONG_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: file order kept otherwise
+    check_unit_marks(items)
+
+
+def check_unit_marks(items: list[pytest.Item]) -> None:
+    """Refuse a test marked ``unit`` that asks for the Spark session, directly or through a fixture (``st``,
+    ``make_source``, ...): ``./dev test -m unit`` promises seconds and no JVM, and a wrong mark would
+    quietly start one."""
+    wrong = [item.nodeid for item in items
+             if item.get_closest_marker("unit") is not None and "spark" in getattr(item, "fixturenames", ())]
+    if wrong:
+        raise pytest.UsageError(f"tests marked unit use the Spark session (remove the mark): {', '.join(wrong)}")

@@ -7,7 +7,7 @@ from the generated one, so neither the table nor the rows can drift from the eng
 
 Checks, per status (rows are written against :data:`coverage_rows.SCHEMA`):
 
-* DIFFERENTIAL / recompute-scoped: the example compiles (:func:`dvm.parser.compile_tree`), and the status
+* DIFFERENTIAL / recompute-scoped: the example compiles (:func:`dvm.builder.compile_tree`), and the status
   is the one the plan gives: *recompute-scoped* when some operator's delta rule recomputes the groups,
   partitions or rows a change touches (:meth:`dvm.plan.Plan.recomputes`, what ``explain`` marks RECOMPUTE),
   else DIFFERENTIAL. ``test`` names a ``test_*`` function of the declaring module (or ``file.py::function``
@@ -47,8 +47,9 @@ for _p in (str(ROOT), str(TESTS)):  # this checkout's dvm, not an installed one
 
 from coverage_rows import SCHEMA, Row  # noqa: E402
 
+from dvm.builder import compile_tree  # noqa: E402
 from dvm.errors import QueryError, UnsupportedError  # noqa: E402
-from dvm.parser import compile_tree, pin_sources  # noqa: E402
+from dvm.parser import pin_sources  # noqa: E402
 from dvm.plan import Plan  # noqa: E402
 
 DOC = ROOT / "docs" / "COVERAGE.md"

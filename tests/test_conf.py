@@ -26,6 +26,8 @@ from pipeline.conf import (
 )
 from pipeline.errors import ConfigError
 
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = PROJECT_ROOT / "conf"
 

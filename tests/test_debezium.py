@@ -38,6 +38,8 @@ ORDERS = SourceSchema(
              ("updated_at", "TIMESTAMP"), ("note", "STRING"), ("blob", "BINARY")),
     key=("id",),
 )
+
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
 # The Python values of the row used throughout: amount 123.45 = base64 "MDk=" (unscaled 12345 = 0x3039),
 # order_date 2024-01-31 = 19753 days, created_at = 1706696130123456 micros, blob = b"\x00\x01\xfe" = "AAH+".
 ROW_1 = (1, "alice", Decimal("123.45"), 3, 9.5, True, date(2024, 1, 31), datetime(2024, 1, 31, 10, 15, 30, 123456),

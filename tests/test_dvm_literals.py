@@ -100,6 +100,7 @@ CASES: list[tuple[str, str]] = [
 SCHEMAS = {"t": [("id", "int"), ("name", "string"), ("d", "date")]}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("written", "rendered"), CASES, ids=[w for w, _ in CASES])
 def test_parse_then_render_keeps_the_literal(written: str, rendered: str) -> None:
     tree = parse(f"SELECT {written} AS c FROM t")
@@ -109,6 +110,7 @@ def test_parse_then_render_keeps_the_literal(written: str, rendered: str) -> Non
     assert again == tree and again.sql(SPARK) == out
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("written", "rendered"), CASES, ids=[w for w, _ in CASES])
 def test_compiled_operators_render_the_literal(written: str, rendered: str) -> None:
     """Through the whole compiler (qualify, rewrites, operators): the Project and Filter render it."""
@@ -118,6 +120,7 @@ def test_compiled_operators_render_the_literal(written: str, rendered: str) -> N
     assert f"Filter NOT {rendered} IS NULL" in text or f"Filter NOT ({rendered}) IS NULL" in text, text
 
 
+@pytest.mark.unit
 def test_the_doubled_quote_of_the_issue() -> None:
     """``WHERE name = 'O''Brien'`` compares with ``O'Brien``, not with ``CONCAT('O', 'Brien')``."""
     tree = parse("SELECT id FROM t WHERE name = 'O''Brien'")
@@ -128,6 +131,7 @@ def test_the_doubled_quote_of_the_issue() -> None:
     assert "Filter `__t2` = 'O\\'Brien'" in plan.tree_text() and "CONCAT" not in plan.tree_text()
 
 
+@pytest.mark.unit
 def test_every_rendering_entry_point_keeps_literals() -> None:
     """FULL refreshes (pin_sources), schema analysis (analyzable) and view inlining render with it too."""
     query = ("WITH RECURSIVE r AS (SELECT 1 AS n UNION SELECT n + 1 FROM r WHERE n < 3) "
@@ -142,6 +146,7 @@ def test_every_rendering_entry_point_keeps_literals() -> None:
     assert inlined == ["v"] and "<> 'it\\'s'" in out and "= 'O\\'Brien'" in out and "CONCAT" not in out, out
 
 
+@pytest.mark.unit
 def test_the_dialect_is_used_for_spark_only() -> None:
     assert dialect_of("spark") is SPARK and dialect_of("SPARK") is SPARK and isinstance(SPARK, TrickleSpark)
     assert type(dialect_of("postgres")).__name__ == "Postgres"
@@ -150,6 +155,7 @@ def test_the_dialect_is_used_for_spark_only() -> None:
     assert "'it\\'s'" in plan.tree_text() and "'O\\'Brien'" in plan.tree_text()
 
 
+@pytest.mark.unit
 def test_the_rendering_reads_the_same_with_sqlglots_own_spark_dialect() -> None:
     """Nothing spark-trickle renders depends on the fix to be read back: a quote is written ``\\'``."""
     for written, rendered in CASES:
@@ -158,6 +164,7 @@ def test_the_rendering_reads_the_same_with_sqlglots_own_spark_dialect() -> None:
         assert stock.find(exp.Concat) is None or "CONCAT" in rendered, written
 
 
+@pytest.mark.unit
 def test_a_typed_literal_takes_one_string() -> None:
     """Spark refuses ``DATE '2024-01-02' 'x'``; so does the parser (it does not glue the strings)."""
     with pytest.raises(dvm.QueryError):
@@ -258,3 +265,60 @@ def test_literals_spark_reads_but_sqlglot_rendered_unreadable(
     spark: Any, st: Any, make_source: Callable[..., str], unique_name: Callable[[str], str]
 ) -> None:
     _round_trip(spark, st, make_source, unique_name, REFUSED)
+
+
+# --- a defining query in another dialect ---
+
+
+@pytest.mark.unit
+def test_a_dialect_is_checked_by_name() -> None:
+    assert dvm.check_dialect("Postgres") == "postgres" and dvm.check_dialect("spark") == "spark"
+    with pytest.raises(dvm.QueryError, match="unknown SQL dialect 'pg'.*postgres"):
+        dvm.check_dialect("pg")
+
+
+@pytest.mark.unit
+def test_every_entry_point_reads_the_query_in_its_dialect() -> None:
+    """``"region"`` is a column in PostgreSQL and a string in Spark SQL: each entry point that takes the
+    dialect reads it as a column, and what Spark runs is Spark SQL."""
+    query = ("SELECT \"region\", SUM(qty::bigint) AS total FROM t WHERE name ILIKE 'a%' "
+             "GROUP BY \"region\"")
+    schemas = {"t": [("name", "string"), ("region", "string"), ("qty", "int")]}
+    assert dvm.source_keys(query, "postgres") == ["t"]
+    pinned = dvm.pin_sources(query, {"t": "delta.`/w/t` VERSION AS OF 3"}, "postgres")
+    assert pinned.startswith("SELECT `region`, SUM(CAST(qty AS BIGINT)) AS total FROM delta.`/w/t`"), pinned
+    assert "name ILIKE 'a%' GROUP BY `region`" in pinned, pinned
+    plan = dvm.compile_query(query, schemas, "postgres")
+    assert plan.names == ["region", "total"]
+    assert "GROUP BY `__t2`: SUM(CAST(`__t3` AS BIGINT))" in plan.tree_text(), plan.tree_text()
+    assert "Filter `__t1` ILIKE 'a%'" in plan.tree_text()
+
+
+def test_stream_table_in_postgres_dialect_refreshes_as_spark_computes_it(
+    spark: Any, st: Any, make_source: Callable[..., str]
+) -> None:
+    """A defining query written for PostgreSQL (``::`` casts, ILIKE, double-quoted identifiers, which Spark
+    would read as strings) is declared with ``dialect="postgres"``; every refresh, DIFFERENTIAL and FULL,
+    equals Spark's own result for the same query written in Spark SQL."""
+    src = make_source("pg", "id INT, name STRING, region STRING, qty INT",
+                      rows=[(1, "Anna", "north", 3), (2, "alex", "south", 5), (3, "Bob", "north", 7),
+                            (4, "ALMA", "north", 11)])
+    query = (f"SELECT \"region\", SUM(qty::bigint) AS total, COUNT(*) AS n, MAX(id::text) AS top FROM {src} "
+             "WHERE name ILIKE 'a%' GROUP BY \"region\"")
+    as_spark = (f"SELECT region, SUM(CAST(qty AS BIGINT)) AS total, COUNT(*) AS n, MAX(CAST(id AS STRING)) AS top "
+                f"FROM {src} WHERE lower(name) LIKE 'a%' GROUP BY region")
+    name = f"{src}_st"
+    st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL", dialect="postgres")
+    assert st.catalog.get(name).dialect == "postgres"
+    assert _bag(st.read(name)) == _bag(spark.sql(as_spark)) and sum(_bag(st.read(name)).values()) == 2
+    spark.sql(f"INSERT INTO {src} VALUES (5, 'Alf', 'south', 13), (6, 'carl', 'east', 17), (7, 'ada', 'east', 19)")
+    spark.sql(f"UPDATE {src} SET qty = 23 WHERE id = 1")
+    spark.sql(f"DELETE FROM {src} WHERE id = 4")
+    result = st.refresh_stream_table(name)
+    assert result.action == "DIFFERENTIAL", result
+    assert _bag(st.read(name)) == _bag(spark.sql(as_spark)) and sum(_bag(st.read(name)).values()) == 3
+    st.alter_stream_table(name, refresh_mode="FULL")
+    spark.sql(f"DELETE FROM {src} WHERE region = 'east'")
+    result = st.refresh_stream_table(name)
+    assert result.action == "FULL", result
+    assert _bag(st.read(name)) == _bag(spark.sql(as_spark)) and sum(_bag(st.read(name)).values()) == 2

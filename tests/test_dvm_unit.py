@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from dvm_rendering import delta_sql, full_sql, held_queries, merge_sql, refresh_context
 
 import dvm
 from dvm import Context, QueryError, SourceRef, UnsupportedError
 from dvm.context import Fixpoint
 from dvm.operators.join import InnerJoin
 from dvm.plan import bag_delta_sql
+
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
 
 SCHEMAS = {
     "emp": [("id", "int"), ("name", "string"), ("dept", "int"), ("sal", "double")],
@@ -17,13 +20,10 @@ SCHEMAS = {
 
 
 def ctx(emp_changed: bool = True, dept_changed: bool = True) -> Context:
-    return Context(
-        {
-            "emp": SourceRef("/w/emp", 5, 4 if emp_changed else 5),
-            "dept": SourceRef("/w/dept", 9, 8 if dept_changed else 9),
-        },
-        target_path="/w/st",
-    )
+    return refresh_context({
+        "emp": SourceRef("/w/emp", 5, 4 if emp_changed else 5),
+        "dept": SourceRef("/w/dept", 9, 8 if dept_changed else 9),
+    })
 
 
 def test_layouts() -> None:
@@ -36,7 +36,7 @@ def test_inner_join_delta_reads_post_snapshots_only() -> None:
     """ΔL ⋈ R_post + L_post ⋈ ΔR − ΔL ⋈ ΔR: no time travel to the pre frontier (a snapshot per version
     costs a Spark job), and the correction term keeps join-key-change-plus-delete exact."""
     plan = dvm.compile_query("SELECT e.name, d.dname FROM emp e JOIN dept d ON e.dept = d.id", SCHEMAS)
-    sql = plan.merge_source_sql(ctx(), ["string", "string"])
+    sql = merge_sql(plan, ctx(), ["string", "string"])
     assert sql is not None
     assert "delta.`/w/dept` VERSION AS OF 9" in sql and "delta.`/w/emp` VERSION AS OF 5" in sql
     assert "VERSION AS OF 8" not in sql and "VERSION AS OF 4" not in sql
@@ -47,17 +47,17 @@ def test_inner_join_delta_reads_post_snapshots_only() -> None:
     # with a partner deleted in the same window is a +1/-1 pair of a tuple that never existed, which
     # MIN/MAX above would otherwise take for an inserted value
     join = next(n for n in plan.root.walk() if isinstance(n, InnerJoin))
-    both = join.delta(ctx())
+    both = delta_sql(join, ctx())
     assert both is not None and both.rstrip().endswith("HAVING SUM(__w) <> 0")
-    one = join.delta(ctx(dept_changed=False))
+    one = delta_sql(join, ctx(dept_changed=False))
     assert one is not None and "-(__l.__w * __r.__w)" not in one and not one.rstrip().endswith("<> 0")
 
 
 def test_unchanged_sources_drop_their_terms() -> None:
     plan = dvm.compile_query("SELECT e.name, d.dname FROM emp e JOIN dept d ON e.dept = d.id", SCHEMAS)
-    sql = plan.merge_source_sql(ctx(dept_changed=False), ["string", "string"])
+    sql = merge_sql(plan, ctx(dept_changed=False), ["string", "string"])
     assert sql is not None and "table_changes_by_path('/w/dept'" not in sql
-    assert plan.merge_source_sql(ctx(False, False), ["string", "string"]) is None
+    assert merge_sql(plan, ctx(False, False), ["string", "string"]) is None
 
 
 def test_only_used_columns_are_read_and_consolidated() -> None:
@@ -113,7 +113,7 @@ def test_keyed_top_keeps_algebraic_state() -> None:
                              SCHEMAS)
     assert plan.hidden_columns() == ["__row_id", "__cnt", "__agg0_sum", "__agg0_nn", "__agg1_sum", "__agg1_nn",
                                      "__agg2_ext"]
-    sql = plan.merge_source_sql(ctx(dept_changed=False), ["int", "double", "double", "double"])
+    sql = merge_sql(plan, ctx(dept_changed=False), ["int", "double", "double", "double"])
     assert sql is not None and "LEFT JOIN delta.`/w/st` __o" in sql and "__rescan" in sql
     assert "algebraic" in plan.tree_text()
 
@@ -134,8 +134,7 @@ def _labels(query: str) -> list[str]:
 
 
 def _abc_ctx(a: bool = True, b: bool = True, c: bool = True) -> Context:
-    return Context({n: SourceRef(f"/w/{n}", 5, 4 if ch else 5) for n, ch in (("a", a), ("b", b), ("c", c))},
-                   target_path="/w/st")
+    return refresh_context({n: SourceRef(f"/w/{n}", 5, 4 if ch else 5) for n, ch in (("a", a), ("b", b), ("c", c))})
 
 
 def test_full_join_is_its_own_operator_and_using_keys_follow_the_merged_column() -> None:
@@ -240,7 +239,7 @@ def test_nested_join_groups_and_semi_anti_join_syntax() -> None:
 def test_full_join_delta_is_left_join_plus_padded_anti_join() -> None:
     plan = dvm.compile_query("SELECT a.x, b.y FROM a FULL JOIN b ON a.k = b.k", JOIN_SCHEMAS)
     join = next(n for n in plan.root.walk() if n.label().startswith("FullJoin"))
-    both = join.delta(_abc_ctx())
+    both = delta_sql(join, _abc_ctx())
     assert both is not None and both.startswith("WITH ")
     assert "LEFT OUTER JOIN" in both and "LEFT ANTI JOIN" in both and "NULL AS" in both
     # pre and post recomputed in one pass: rows tagged with their state meet the other side's rows of it
@@ -248,9 +247,9 @@ def test_full_join_delta_is_left_join_plus_padded_anti_join() -> None:
     # each input's delta and snapshots are named once, however many terms read them
     assert both.count("table_changes_by_path('/w/a'") == 1 and both.count("table_changes_by_path('/w/b'") == 1
     # one side unchanged: its two states are one read (tagged by a cross join), no pre version of it
-    one = join.delta(_abc_ctx(b=False))
+    one = delta_sql(join, _abc_ctx(b=False))
     assert one is not None and "VERSION AS OF 4)" not in one.replace("/w/a` VERSION AS OF 4", "")
-    assert join.delta(_abc_ctx(False, False, False)) is None
+    assert delta_sql(join, _abc_ctx(False, False, False)) is None
     assert "FullJoin" in plan.tree_text() and "anti-join" in plan.tree_text()
 
 
@@ -289,7 +288,7 @@ def test_subquery_predicates_under_or_get_mark_joins() -> None:
     assert len(joins) == 1 and len(joins[0].marks) == 2  # side by side, not stacked
     filt = next(n for n in plan.root.walk() if n.label().startswith("Filter"))
     assert all(f"NOT `{m.name}`" in filt.label() for m in joins[0].marks), filt.label()  # both negated forms
-    sql = plan.merge_source_sql(_abc_ctx(), ["int"])
+    sql = merge_sql(plan, _abc_ctx(), ["int"])
     assert sql is not None and "EXISTS" not in sql.upper()  # marks are joins, not correlated subqueries
     # several ANDed predicates share one mark join too; a lone one is a plain semi-/anti-join
     labels = _labels("SELECT a.id FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k) "
@@ -444,12 +443,12 @@ def test_grouping_sets_top_is_keyed_per_set() -> None:
     assert plan.layout == "keyed" and plan.keyed is not None
     agg = plan.keyed.agg
     assert agg.sets == [(0, 1), (0,), ()] and plan.keyed.group_names[-1] == agg.set_col
-    ctx_t = Context({"t": SourceRef("/w/t", 5, 4)}, target_path="/w/st")
-    full = plan.full_sql(ctx_t, ["int", "string", "bigint", "bigint", "tinyint", "bigint"])
+    ctx_t = refresh_context({"t": SourceRef("/w/t", 5, 4)})
+    full = full_sql(plan, ctx_t, ["int", "string", "bigint", "bigint", "tinyint", "bigint"])
     assert full.count(" HAVING COUNT(*) > 0") == 1  # the () set only
     assert f"xxhash64(`{agg.groups[0][0]}`, `{agg.groups[1][0]}`, `{agg.set_col}`" in full
     assert f"CASE `{agg.set_col}` WHEN 0 THEN 0 WHEN 1 THEN 1 WHEN 2 THEN 3 END" in full  # grouping_id()
-    sql = plan.merge_source_sql(ctx_t, ["int", "string", "bigint", "bigint", "tinyint", "bigint"])
+    sql = merge_sql(plan, ctx_t, ["int", "string", "bigint", "bigint", "tinyint", "bigint"])
     assert sql is not None and sql.count(" AS INT) AS ") >= 3  # the set ordinal of each branch's delta
 
 
@@ -568,16 +567,16 @@ def test_set_operation_delta_counts_touched_tuples_on_post_snapshots() -> None:
              "INTERSECT": "WHEN __cl > 0 AND __cr > 0", "EXCEPT": "WHEN __cl > 0 AND __cr = 0"}
     for op, rule in rules.items():
         plan = dvm.compile_query(f"SELECT dept FROM emp {op} SELECT id FROM dept", schemas)
-        sql = plan.merge_source_sql(ctx(), ["int"])
+        sql = merge_sql(plan, ctx(), ["int"])
         assert sql is not None and rule in sql, op
         assert "VERSION AS OF 4" not in sql and "VERSION AS OF 8" not in sql
         assert "LEFT SEMI JOIN" in sql and "<=>" in sql
         assert f" {op} " in plan.root.snapshot(ctx(), "post")
-        one = plan.merge_source_sql(ctx(dept_changed=False), ["int"])
+        one = merge_sql(plan, ctx(dept_changed=False), ["int"])
         assert one is not None and "table_changes_by_path('/w/dept'" not in one
         assert "VERSION AS OF 9" in one  # the unchanged side's post counts are still read
     plan = dvm.compile_query("SELECT dept FROM emp INTERSECT SELECT id FROM dept", schemas)
-    assert plan.merge_source_sql(ctx(False, False), ["int"]) is None
+    assert merge_sql(plan, ctx(False, False), ["int"]) is None
 
 
 def test_scalar_subqueries_become_joins() -> None:
@@ -640,35 +639,37 @@ def test_shared_cte_is_differentiated_once() -> None:
     plan = dvm.compile_query(q, JOIN_SCHEMAS)
     refs = [n for n in plan.root.walk() if n.label() == "CteRef t"]
     assert len(refs) == 2 and refs[0].shared is refs[1].shared and refs[0].cols != refs[1].cols
-    c = Context({"c": SourceRef("/w/c", 7, 6)}, target_path="/w/st")
-    sql = plan.merge_source_sql(c, ["int", "bigint", "bigint"])
-    assert sql is not None and sql.startswith("WITH __cte")
+    c = refresh_context({"c": SourceRef("/w/c", 7, 6)})
+    assert merge_sql(plan, c, ["int", "bigint", "bigint"]) is not None
+    [sql] = held_queries(c)  # the netted delta, computed once: the whole delta rule
+    assert sql.startswith("WITH __cte")
     ident = refs[0].shared.ident
     assert sql.count(f"{ident}_delta AS (") == 1 and sql.count(f"{ident}_post AS (") == 1
     assert f"{ident}_pre" not in sql  # the join rule reads post snapshots only
     # the body's group rescan reads the change feed twice (affected groups at post and at pre), and only in
     # the one definition: built per reference, the text would hold it four times
     assert sql.count("table_changes_by_path('/w/c', 7, 7)") == 2
-    unchanged = Context({"c": SourceRef("/w/c", 7, 7)}, target_path="/w/st")
-    assert plan.merge_source_sql(unchanged, ["int", "bigint", "bigint"]) is None
-    full = plan.full_sql(c, ["int", "bigint", "bigint"])
+    unchanged = refresh_context({"c": SourceRef("/w/c", 7, 7)})
+    assert merge_sql(plan, unchanged, ["int", "bigint", "bigint"]) is None
+    full = full_sql(plan, c, ["int", "bigint", "bigint"])
     assert full.count(f"{ident}_post AS (") == 1 and f"{ident}_delta" not in full
     once = dvm.compile_query("WITH t AS (SELECT k, z FROM c) SELECT k FROM t", JOIN_SCHEMAS)
-    sql = once.merge_source_sql(c, ["int"])
+    sql = merge_sql(once, c, ["int"])
     assert sql is not None and "__cte" not in sql
 
 
 def test_shared_cte_sql_grows_linearly_with_nesting() -> None:
     """A chain of CTEs each self-joining the previous one: with one definition per CTE the SQL grows by a
     constant per level (built per reference it grew 2.5x per level: 2.3k, 6.4k, 16k, 40k characters)."""
-    c = Context({"c": SourceRef("/w/c", 7, 6)}, target_path="/w/st")
     sizes = []
     for depth in (1, 2, 3, 4):
         ctes = ["t0 AS (SELECT k, z FROM c WHERE z > 0)"] + [
             f"t{i} AS (SELECT x.k, y.z FROM t{i - 1} x JOIN t{i - 1} y ON x.k = y.k)" for i in range(1, depth + 1)]
         plan = dvm.compile_query(f"WITH {', '.join(ctes)} SELECT k, z FROM t{depth}", JOIN_SCHEMAS)
-        sql = plan.merge_source_sql(c, ["int", "int"])
-        assert sql is not None and sql.count("table_changes_by_path") == 1
+        c = refresh_context({"c": SourceRef("/w/c", 7, 6)})
+        assert merge_sql(plan, c, ["int", "int"]) is not None
+        [sql] = held_queries(c)  # the netted delta, computed once: the whole delta rule
+        assert sql.count("table_changes_by_path") == 1
         sizes.append(len(sql))
     steps = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
     assert max(steps) < 1.2 * min(steps), sizes

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import pytest
 import sqlglot
+from dvm_rendering import delta_sql, merge_sql, refresh_context
 from sqlglot import exp
 
 import dvm
 from dvm import Context, QueryError, SourceRef, UnsupportedError
-from dvm.operators import TopK, Window
+from dvm.operators import Aggregate, Scan, TopK, UnionAll, Window
 from dvm.operators.window import needs_tie_break, tie_broken
 from dvm.parser import pin_sources
+
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
 
 SCHEMAS = {
     "emp": [("id", "int"), ("name", "string"), ("dept", "int"), ("sal", "double"), ("tags", "map<string,int>")],
@@ -20,13 +23,10 @@ SCHEMAS = {
 
 
 def ctx(emp_changed: bool = True, dept_changed: bool = True) -> Context:
-    return Context(
-        {
-            "emp": SourceRef("/w/emp", 5, 4 if emp_changed else 5),
-            "dept": SourceRef("/w/dept", 9, 8 if dept_changed else 9),
-        },
-        target_path="/w/st",
-    )
+    return refresh_context({
+        "emp": SourceRef("/w/emp", 5, 4 if emp_changed else 5),
+        "dept": SourceRef("/w/dept", 9, 8 if dept_changed else 9),
+    })
 
 
 def window_of(sql: str) -> exp.Window:
@@ -86,13 +86,13 @@ def test_one_partition_by_recomputes_the_touched_partitions_on_both_snapshots() 
     plan = dvm.compile_query(
         "SELECT id, ROW_NUMBER() OVER (PARTITION BY dept ORDER BY sal DESC, id) AS rn FROM emp", SCHEMAS)
     w = node(plan, Window)
-    d = w.delta(ctx())  # type: ignore[attr-defined]
+    d = delta_sql(w, ctx())  # type: ignore[attr-defined]
     assert d is not None
     assert "VERSION AS OF 5" in d and "VERSION AS OF 4" in d  # both snapshots
     assert d.count("LEFT SEMI JOIN") == 2 and "<=>" in d  # restricted to touched partitions, NULL-safe
     assert d.rstrip().endswith("HAVING SUM(__w) <> 0")  # unchanged rows cancel here
     assert "partition-scoped" in w.strategy()  # type: ignore[attr-defined]
-    assert w.delta(ctx(emp_changed=False)) is None  # type: ignore[attr-defined]
+    assert delta_sql(w, ctx(emp_changed=False)) is None  # type: ignore[attr-defined]
 
 
 def test_several_partition_bys_recompute_the_closure() -> None:
@@ -101,7 +101,7 @@ def test_several_partition_bys_recompute_the_closure() -> None:
         SCHEMAS)
     w = node(plan, Window)
     assert isinstance(w, Window) and len(w.specs) == 2
-    d = w.delta(ctx())
+    d = delta_sql(w, ctx())
     assert d is not None and "BOOL_OR(__h0)" in d and "BOOL_OR(__h1)" in d and "WHERE __aff" in d
     assert "2 PARTITION BY lists" in w.strategy()
 
@@ -112,7 +112,7 @@ def test_no_partition_by_recomputes_the_whole_input_and_says_so() -> None:
     assert isinstance(w, Window) and w.whole_input
     assert "whole-input recompute" in w.strategy() and "PARTITION BY" in w.strategy()
     assert "whole-input recompute" in plan.tree_text()
-    d = w.delta(ctx())
+    d = delta_sql(w, ctx())
     assert d is not None and "WHERE EXISTS" in d
 
 
@@ -164,12 +164,12 @@ def test_window_function_outside_select_is_a_query_error() -> None:
 def test_topk_at_the_top_diffs_the_post_top_against_the_stored_rows() -> None:
     plan = dvm.compile_query("SELECT id, sal FROM emp ORDER BY sal DESC, id LIMIT 3", SCHEMAS)
     assert plan.topk is not None and plan.layout == "bag"
-    sql = plan.merge_source_sql(ctx(), ["int", "double"])
+    sql = merge_sql(plan, ctx(), ["int", "double"])
     assert sql is not None
     assert "VERSION AS OF 5" in sql and "VERSION AS OF 4" not in sql  # no pre snapshot
     assert "CAST(-1 AS BIGINT) AS __w FROM delta.`/w/st`" in sql  # the stored rows are TopK(pre), -1 each
     assert "LIMIT 3" in sql
-    assert plan.merge_source_sql(ctx(emp_changed=False), ["int", "double"]) is None
+    assert merge_sql(plan, ctx(emp_changed=False), ["int", "double"]) is None
     assert "merged against the stored rows" in plan.tree_text()
 
 
@@ -187,22 +187,30 @@ def test_topk_in_a_subquery_recomputes_both_snapshots() -> None:
         SCHEMAS)
     assert plan.topk is None
     topk = node(plan, TopK)
-    d = topk.delta(ctx())  # type: ignore[attr-defined]
+    d = delta_sql(topk, ctx())  # type: ignore[attr-defined]
     assert d is not None and "VERSION AS OF 5" in d and "VERSION AS OF 4" in d
 
 
 @pytest.mark.parametrize(
-    "query",
+    ("query", "below", "bounds"),
     [
-        "SELECT dept, COUNT(*) AS n FROM emp GROUP BY dept ORDER BY COUNT(*) DESC, dept LIMIT 2",
-        "SELECT DISTINCT dept FROM emp ORDER BY dept LIMIT 2",
-        "SELECT id FROM emp UNION ALL SELECT id FROM dept ORDER BY id LIMIT 3",
-        "SELECT id FROM emp ORDER BY id OFFSET 2",
-        "SELECT id, ROW_NUMBER() OVER (ORDER BY sal, id) AS r FROM emp ORDER BY r LIMIT 2",
+        ("SELECT dept, COUNT(*) AS n FROM emp GROUP BY dept ORDER BY COUNT(*) DESC, dept LIMIT 2", Aggregate,
+         "LIMIT 2"),
+        ("SELECT DISTINCT dept FROM emp ORDER BY dept LIMIT 2", Aggregate, "LIMIT 2"),
+        ("SELECT id FROM emp UNION ALL SELECT id FROM dept ORDER BY id LIMIT 3", UnionAll, "LIMIT 3"),
+        ("SELECT id FROM emp ORDER BY id OFFSET 2", Scan, "OFFSET 2"),
+        ("SELECT id, ROW_NUMBER() OVER (ORDER BY sal, id) AS r FROM emp ORDER BY r LIMIT 2", Window, "LIMIT 2"),
     ],
 )
-def test_topk_shapes_compile(query: str) -> None:
-    assert dvm.compile_query(query, SCHEMAS).topk is not None
+def test_topk_shapes_compile_to_a_top_k_over_their_operator(query: str, below: type, bounds: str) -> None:
+    """Each shape is a TopK at the top of the plan, over the operator its query names (GROUP BY, DISTINCT,
+    UNION ALL, a window), ordered by the query's keys: its delta is the new top against the stored rows."""
+    plan = dvm.compile_query(query, SCHEMAS)
+    topk = plan.topk
+    assert topk is not None and any(isinstance(n, below) for n in topk.child.walk())
+    sql = merge_sql(plan, ctx(), ["int"] * len(plan.names))
+    assert sql is not None and f"ORDER BY {topk.order_sql()} {bounds})" in sql, sql
+    assert "CAST(-1 AS BIGINT) AS __w FROM delta.`/w/st`" in sql  # minus the stored rows
 
 
 def test_fetch_first_is_a_limit_and_with_ties_is_refused() -> None:

@@ -3,8 +3,12 @@ refreshes and in what order, and which sources a table's own streaming query mus
 
 from __future__ import annotations
 
+import pytest
+
 from pipeline import fused
 from pipeline.catalog import SourceInfo, StreamTableDef
+
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
 
 
 def _def(name: str, sources: dict[str, str], mode: str = "IMMEDIATE", status: str = "ACTIVE") -> StreamTableDef:

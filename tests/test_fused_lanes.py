@@ -9,7 +9,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from pipeline.fused_lanes import RefreshLanes
+
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
 
 
 def _until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:

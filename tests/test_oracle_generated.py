@@ -35,7 +35,7 @@ from typing import Any
 
 from oracle import Col, TableSpec, oracle_seed, run_oracle
 
-from dvm.parser import compile_tree
+from dvm.builder import compile_tree
 
 CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 N_QUERIES = int(os.environ.get("TRICKLE_GEN_QUERIES", "4"))

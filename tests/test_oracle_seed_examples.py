@@ -53,8 +53,8 @@ from typing import Any
 import pytest
 from oracle import Col, Extreme, TableSpec, run_oracle
 
+from dvm.builder import compile_tree
 from dvm.errors import QueryError, UnsupportedError
-from dvm.parser import compile_tree
 
 #: The examples are checked after every cycle like any oracle test, but over fewer cycles than the 20 of the
 #: construct oracles: each construct they use is proven over >= 20 cycles by its own module (docs/COVERAGE.md

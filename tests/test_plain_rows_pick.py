@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections import Counter
 
 import pyarrow as pa
+import pytest
 
 from pipeline import plain_rows
+
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
 
 COLUMNS = ["__row_id", "k", "v", "__row_hash"]
 

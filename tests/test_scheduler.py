@@ -26,6 +26,8 @@ from pipeline.schedule import (
 )
 from pipeline.scheduler import Scheduler
 
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
+
 T0 = datetime(2024, 1, 1, 0, 5, tzinfo=UTC).timestamp()
 
 

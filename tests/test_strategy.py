@@ -7,6 +7,8 @@ import pytest
 from pipeline import strategy
 from pipeline.strategy import CostModel, Limits
 
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
+
 
 def test_choose_appends_insert_only_deltas_of_plain_rows_and_merges_the_rest() -> None:
     limits = Limits()

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from pipeline.transactions import MirrorWindow, TxnState, cut, relevant
+
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
 
 
 def test_a_transaction_split_across_topics_waits_until_both_sides_are_in() -> None:

@@ -8,7 +8,7 @@ or a row of ΔR matches it (P(l)); only affected rows can change status, so
 
 and with R unchanged Δ(L ▷ R) = ΔL ▷ R_post.
 
-NULL semantics are carried by the condition θ the parser builds, since a row of R "matches" when the
+NULL semantics are carried by the condition θ the builder makes, since a row of R "matches" when the
 subquery predicate is not FALSE for it:
 
 * ``x NOT IN (SELECT y ...)``: θ = corr ∧ (x = y ∨ (x = y) IS NULL). A NULL among the y empties the result,

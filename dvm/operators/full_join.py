@@ -1,4 +1,4 @@
-"""FULL OUTER join (equi or not; ``FULL JOIN ... USING`` / NATURAL FULL JOIN after the parser's rewrite).
+"""FULL OUTER join (equi or not; ``FULL JOIN ... USING`` / NATURAL FULL JOIN after the builder's rewrite).
 
 A full join is the inner join plus both NULL-padded anti-joins, and the inner join plus the left one is the
 LEFT join:

@@ -22,7 +22,7 @@ l. For a table read anywhere else (in a nested subquery, under an outer join) ev
 any change of it.
 
 ``ORDER BY ... LIMIT n`` picks arbitrary rows among ties, so a recompute could take other rows than the ones
-stored; the parser appends the select list to the ORDER BY (ties broken by the output itself), which makes
+stored; the builder appends the select list to the ORDER BY (ties broken by the output itself), which makes
 the result of each left row a well-defined bag.
 """
 

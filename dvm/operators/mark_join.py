@@ -2,7 +2,7 @@
 under θ_i" (never NULL).
 
 Used when a WHERE clause holds several subquery predicates, or one that is not a plain conjunct, e.g.
-``WHERE a > 3 OR EXISTS (...)`` or ``WHERE x IN (...) AND NOT EXISTS (...)``: the parser pushes NOT down to
+``WHERE a > 3 OR EXISTS (...)`` or ``WHERE x IN (...) AND NOT EXISTS (...)``: the builder pushes NOT down to
 the predicates (De Morgan, exact in SQL's three-valued logic), gives each predicate a mark and replaces it
 by ``mark_i`` (``NOT mark_i`` for the negated forms, whose θ_i already carries the NULL semantics, see
 :mod:`~dvm.operators.anti_join`), and keeps one Filter on top. In a WHERE clause only TRUE passes, and AND /

@@ -37,8 +37,8 @@ CTE's previous result: read from the stream table itself when the table stores e
   the old derivation graph and every term of New one of the new graph. Each series is a weighted
   :class:`~dvm.context.Fixpoint` loop that the refresh runs (:mod:`pipeline.fixpoints`): the path count
   travels in a ``__w`` column and each round is netted per tuple, so paths are counted, not enumerated,
-  and a round costs about 2 Spark jobs where Spark's own recursion costs 4-5 per level (measured; see
-  :mod:`pipeline.fixpoints`). Lost is read twice (R_K and the result) but computed once. The simpler signed series
+  and a round costs fewer Spark jobs than a level of Spark's own recursion (figures in
+  docs/BENCHMARKS.md, "Figures behind the code"). Lost is read twice (R_K and the result) but computed once. The simpler signed series
   Σₖ F_Qᵏ(ΔA + (F_Q − F_P)(R_pre)) is algebraically right too but may not terminate: a reparenting that
   closes a cycle the old rows led into yields +/- rows that cancel only in the limit.
 
@@ -86,13 +86,6 @@ from dvm.rewrite import retarget
 _IDS = itertools.count(1)
 
 
-def _seeded(seeds: list[str], step: str) -> str:
-    """The body of a recursive CTE: its seeds as ONE anchor (Spark wants exactly two union children),
-    then the recursive step."""
-    anchor = "\nUNION ALL\n".join(f"SELECT * FROM ({s})" for s in seeds)
-    return f"SELECT * FROM ({anchor})\nUNION ALL\n{step}"
-
-
 @dataclass
 class Occurrence:
     """One base-table reference of the recursive term: its alias, source and the columns it reads."""
@@ -122,7 +115,6 @@ class RecursiveCte(Node):
     step_ast: exp.Expression  # qualified recursive term; reads the CTE by ``name``
     distinct: bool  # UNION (set semantics) rather than UNION ALL
     placeholders: dict[str, str]  # placeholder table name -> source key
-    source_columns: dict[str, list[str]]  # source key -> its columns (unused since stream tables store plain rows)
     helpers: list[tuple[str, exp.Expression]]  # other CTEs the body reads, in definition order
     anchor: Node | None  # the anchor as an operator tree (its delta rule); None: anchor diffed natively
     shape: Shape | None  # None: the recursive term is not linear/monotone -> recompute-diff

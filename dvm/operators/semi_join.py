@@ -12,7 +12,7 @@ join-key update of L in the same window as a delete of its old partner (the pre 
 did not change the rule reduces to the linear ΔL ⋉ R_post; when L did not change σ_P L = L ⋉ ΔR. The
 affected rows are found once for both states, see :func:`~dvm.operators.join.affected_rows`.
 
-The parser turns a WHERE clause's subquery predicate into this operator when it is the clause's only one
+The builder turns a WHERE clause's subquery predicate into this operator when it is the clause's only one
 and a conjunct of its own (negated: :mod:`~dvm.operators.anti_join`); several predicates, or one under OR,
 share a :mod:`~dvm.operators.mark_join`. The correlated conjuncts of the subquery, plus the IN / ANY
 comparison, become the join condition θ; the subquery's other conjuncts stay inside R.

@@ -16,7 +16,7 @@ ORDER BY as a tie-breaker (ascending, NULLS FIRST; map-typed columns skipped): t
 the query allows, always the same one for the same input, and rows equal in every column are
 interchangeable. A plain ``spark.sql(query)`` may pick other tied rows: compare with a tie-free ORDER BY.
 
-LIMIT without ORDER BY picks arbitrary rows and is rejected by the parser; ``FETCH ... WITH TIES`` too (Spark
+LIMIT without ORDER BY picks arbitrary rows and is rejected by the builder; ``FETCH ... WITH TIES`` too (Spark
 has no such clause).
 """
 

@@ -28,7 +28,7 @@ from dvm.errors import UnsupportedError
 from dvm.operators.aggregates.algebraic import BitXor, BoolAndOr, Count, CountStar, SumAvg
 from dvm.operators.aggregates.base import AggCall, spark
 from dvm.operators.aggregates.extremum import BitAndOr, Extremum
-from dvm.operators.aggregates.moments import PAIR, Moments, share_states
+from dvm.operators.aggregates.moments import PAIR, SINGLE, Moments, share_states
 from dvm.operators.aggregates.rescan import GroupRescan
 from dvm.operators.aggregates.rewrite import MAX_GROUPING_SETS, grouping_bits, grouping_sets, normalize
 
@@ -69,7 +69,6 @@ HINTS: dict[type[exp.Expression], str] = {
 }
 
 _IDEMPOTENT = {"min", "max", "bool_and", "bool_or", "bit_and", "bit_or", "first", "last", "any_value"}
-_SINGLE_MOMENTS = {"stddev_samp", "stddev_pop", "var_samp", "var_pop"}
 
 Translate = Callable[[exp.Expression], exp.Expression]
 
@@ -157,7 +156,7 @@ def build_call(node: exp.AggFunc, tr: Translate, name: str, ordinal: int) -> Agg
         return BitXor(name, func, [tr(this)], ordinal)
     if func in ("bit_and", "bit_or"):
         return BitAndOr(name, func, [tr(this)], ordinal)
-    if func in _SINGLE_MOMENTS:
+    if func in SINGLE:
         return Moments(name, func, [tr(this)], ordinal)
     if func in PAIR:
         if node.expression is None:

@@ -124,6 +124,3 @@ class AggCall:
 
     def needs_rescan(self) -> str | None:
         return "TRUE"
-
-    def old_state(self) -> list[str]:
-        return [c for c, _ in self.state()]

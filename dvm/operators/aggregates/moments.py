@@ -38,6 +38,7 @@ from dvm.operators.aggregates.base import AggCall, Cols
 #: a merged centred sum of squares smaller than this fraction of the terms it came from is not trusted
 CANCELLATION = "1e-9"
 
+#: the one-argument and the two-argument aggregates maintained by their moments
 SINGLE = {"var_pop", "var_samp", "stddev_pop", "stddev_samp"}
 PAIR = {"covar_pop", "covar_samp", "corr", "regr_count", "regr_avgx", "regr_avgy", "regr_slope",
         "regr_intercept", "regr_r2", "regr_sxx", "regr_syy", "regr_sxy"}
