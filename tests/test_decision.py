@@ -14,6 +14,8 @@ from pipeline.decision import change_ratio, decide
 from pipeline.errors import RefreshError, SourceChangedError
 from pipeline.source_schema import Verdict
 
+pytestmark = pytest.mark.unit  # no Spark: ./dev test -m unit
+
 META = TableMeta("id-1", '{"type":"struct","fields":[]}')
 
 
