@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from connectors.storage import local_path
+
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 #: classic, multi-part and V2 checkpoints: ``<v>.checkpoint.parquet``, ``<v>.checkpoint.<i>.<n>.parquet``,
 #: ``<v>.checkpoint.<uuid>.(json|parquet)``
@@ -82,12 +84,6 @@ _LATEST_SEEN: dict[str, int] = {}
 _META_SEEN: dict[str, tuple[int, Any, TableMeta]] = {}
 
 
-def _local(path: str) -> str | None:
-    if path.startswith("file:"):
-        return path[len("file:"):].replace("///", "/", 1) if path.startswith("file:///") else path[5:]
-    return path if "://" not in path else None
-
-
 class DeltaLog:
     """Reads one table's log. Local paths use the OS directly; others go through Hadoop's FileSystem."""
 
@@ -106,7 +102,7 @@ class DeltaLog:
     def _signature(self, name: str) -> Any:
         """Size and modification time of a log file, None when missing: commit files are never rewritten,
         so a different signature at the same version means the table was replaced."""
-        local = _local(self.log_dir)
+        local = local_path(self.log_dir)
         if local is not None:
             try:
                 st = os.stat(os.path.join(local, name))
@@ -125,7 +121,7 @@ class DeltaLog:
         return self._signature(f"{version:020d}.json")
 
     def _read_bytes(self, name: str) -> bytes | None:
-        local = _local(self.log_dir)
+        local = local_path(self.log_dir)
         if local is not None:
             try:
                 with open(os.path.join(local, name), "rb") as f:
@@ -142,7 +138,7 @@ class DeltaLog:
             stream.close()
 
     def _list(self) -> list[str]:
-        local = _local(self.log_dir)
+        local = local_path(self.log_dir)
         if local is not None:
             try:
                 return os.listdir(local)
@@ -156,7 +152,7 @@ class DeltaLog:
         return [s.getPath().getName() for s in fs.listStatus(hpath)]
 
     def _read(self, name: str) -> str | None:
-        local = _local(self.log_dir)
+        local = local_path(self.log_dir)
         if local is not None:
             try:
                 with open(os.path.join(local, name), encoding="utf-8") as f:
