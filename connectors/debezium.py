@@ -606,6 +606,20 @@ def _unwrap(obj: Any) -> tuple[Any, Any, str]:
     return obj, None, ""
 
 
+def _payload(raw: bytes | str | None, what: str) -> tuple[dict[str, Any], Any, str] | None:
+    """A Kafka key or value (``what``) as (payload object, Connect schema or None, path prefix); None for a
+    tombstone: null, empty, or a schema-wrapped null payload. DecodeError when the payload is no object."""
+    if raw is None or len(raw) == 0:
+        return None
+    payload, schema, prefix = _unwrap(_parse_object(raw, what))
+    if payload is None:
+        return None
+    if payload.__class__ is not dict:
+        where = "payload" if what == "value" else f"{what}.payload"
+        raise DecodeError(f"{where}: expected an object, got {_describe(payload)}")
+    return payload, schema, prefix
+
+
 def _fields(struct: Any, path: str) -> dict[str, Any]:
     """``{field name: Connect field schema}`` of a Connect struct schema."""
     fields = struct.get("fields") if struct.__class__ is dict else None
@@ -712,13 +726,10 @@ def decode_key(key: bytes | str | None, schema: SourceSchema) -> tuple[Any, ...]
     ``delete.tombstone.handling.mode=tombstone`` the tombstone *is* the delete -- a caller consuming such a
     topic turns ``decode(...) is None`` into a delete of ``decode_key(...)`` (ordered by Kafka offset). Returns
     None for a null/empty key; raises :class:`DecodeError` for a malformed one or a missing key column."""
-    if key is None or len(key) == 0:
+    unwrapped = _payload(key, "key")
+    if unwrapped is None:
         return None
-    payload, ks, prefix = _unwrap(_parse_object(key, "key"))
-    if payload is None:
-        return None
-    if payload.__class__ is not dict:
-        raise DecodeError(f"key.payload: expected an object, got {_describe(payload)}")
+    payload, ks, prefix = unwrapped
     connect = _fields(ks, "key.schema") if ks is not None else None
     out = _image_key(payload, schema, connect, f"key.{prefix}".rstrip("."))
     if out is None:
@@ -817,13 +828,10 @@ class TransactionEnd:
 def decode_transaction_end(value: bytes | str | None) -> TransactionEnd | None:
     """One record of ``<topic.prefix>.transaction``: its END as :class:`TransactionEnd`, None for a BEGIN or
     a tombstone. Raises :class:`DecodeError` for anything else."""
-    if value is None or len(value) == 0:
+    unwrapped = _payload(value, "value")
+    if unwrapped is None:
         return None
-    p, _vs, prefix = _unwrap(_parse_object(value, "value"))
-    if p is None:
-        return None
-    if p.__class__ is not dict:
-        raise DecodeError(f"payload: expected an object, got {_describe(p)}")
+    p, _vs, prefix = unwrapped
     status = p.get("status")
     if status == "BEGIN":
         return None
@@ -882,13 +890,10 @@ def decode(key: bytes | str | None, value: bytes | str | None, schema: SourceSch
     Returns None for a tombstone (null or empty value): after a delete Debezium writes one for log
     compaction, and the delete event itself already carried the change. Raises :class:`DecodeError` for
     anything else that is not a valid change event of ``schema`` -- the caller dead-letters it."""
-    if value is None or len(value) == 0:
+    unwrapped = _payload(value, "value")  # a schema-wrapped null payload is a tombstone too
+    if unwrapped is None:
         return None
-    p, vs, prefix = _unwrap(_parse_object(value, "value"))
-    if p is None:
-        return None  # a schema-wrapped null payload is a tombstone too
-    if p.__class__ is not dict:
-        raise DecodeError(f"payload: expected an object, got {_describe(p)}")
+    p, vs, prefix = unwrapped
     names = schema._names
     if _F_OP in p or _F_DELETED in p:
         return _decode_flattened(p, vs, prefix, key, schema)

@@ -93,14 +93,21 @@ def next_due(schedule: str, last: float | None, now: float) -> float:
     """
     if last is None:
         return now
-    if is_calculated(schedule):
-        raise ValueError("CALCULATED has no due time of its own: resolve it with effective_schedules() first")
-    secs = parse_duration(schedule)
+    secs = _duration(schedule, "CALCULATED has no due time of its own: resolve it with effective_schedules() first")
     if secs is not None:
-        if secs <= 0:
-            raise ValueError(f"invalid schedule {schedule!r}: a duration must be positive")
         return last + secs
     return _cron_next(schedule.strip(), last)
+
+
+def _duration(schedule: str, if_calculated: str) -> int | None:
+    """The seconds of a duration schedule, None for cron; ValueError for CALCULATED (saying
+    ``if_calculated``) and for a duration that is not positive."""
+    if is_calculated(schedule):
+        raise ValueError(if_calculated)
+    secs = parse_duration(schedule)
+    if secs is not None and secs <= 0:
+        raise ValueError(f"invalid schedule {schedule!r}: a duration must be positive")
+    return secs
 
 
 def _cron_next(expr: str, after: float) -> float:
@@ -120,12 +127,8 @@ def schedule_interval(schedule: str) -> float:
 
     Used only to rank schedules by tightness; ValueError when ``schedule`` is neither form.
     """
-    if is_calculated(schedule):
-        raise ValueError("CALCULATED has no interval of its own")
-    secs = parse_duration(schedule)
+    secs = _duration(schedule, "CALCULATED has no interval of its own")
     if secs is not None:
-        if secs <= 0:
-            raise ValueError(f"invalid schedule {schedule!r}: a duration must be positive")
         return float(secs)
     t = _CRON_REFERENCE.timestamp()
     fires = []
