@@ -72,5 +72,5 @@ class RecordStatus(StrEnum):
     RETRY = "RETRY"
 
 
-__all__ = ["RefreshMode", "RefreshAction", "TableStatus", "RecordStatus", "DELTA_ONLY_MODES", "WRITING_ACTIONS",
-           "REFRESH_ACTIONS", "USER_STATUSES"]
+__all__ = ["RefreshMode", "RefreshAction", "TableStatus", "RecordStatus", "DELTA_ONLY_MODES",
+           "WRITING_ACTIONS", "REFRESH_ACTIONS", "USER_STATUSES"]

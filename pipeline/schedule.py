@@ -93,7 +93,8 @@ def next_due(schedule: str, last: float | None, now: float) -> float:
     """
     if last is None:
         return now
-    secs = _duration(schedule, "CALCULATED has no due time of its own: resolve it with effective_schedules() first")
+    secs = _duration(schedule, "CALCULATED has no due time of its own: resolve it with effective_schedules() "
+                               "first")
     if secs is not None:
         return last + secs
     return _cron_next(schedule.strip(), last)

@@ -333,7 +333,8 @@ class KafkaBroker(ManagedProcess):
 
     def _log4j2_properties(self) -> str:
         # Per-request and state-change chatter is not useful when reading a failed test's log.
-        return _log4j2_properties(self.log_file, {"request": "kafka.request.logger", "state": "state.change.logger"})
+        return _log4j2_properties(self.log_file,
+                                  {"request": "kafka.request.logger", "state": "state.change.logger"})
 
     def _jvm_cmd(self, lib: Path, main: str, *args: str) -> list[str]:
         opts = [
