@@ -70,8 +70,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
-from functools import lru_cache
 from typing import Any
+
+from connectors.column_types import ColumnType, parse_column_type
 
 __all__ = [
     "OPS",
@@ -147,52 +148,8 @@ class _Unavailable:
 _UNAVAILABLE = _Unavailable()
 
 
-# --------------------------------------------------------------------------------------------- Spark types
-@dataclass(frozen=True)
-class _SparkType:
-    """A parsed Spark SQL type: ``kind`` selects the converter, ``label`` is what error messages show."""
-
-    kind: str  # int | float | decimal | string | bool | date | timestamp | binary
-    label: str
-    precision: int = 0
-    scale: int = 0
-
-
-_TYPE_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*$")
-_SIMPLE_TYPES: dict[str, tuple[str, str]] = {
-    "TINYINT": ("int", "TINYINT"), "BYTE": ("int", "TINYINT"),
-    "SMALLINT": ("int", "SMALLINT"), "SHORT": ("int", "SMALLINT"),
-    "INT": ("int", "INT"), "INTEGER": ("int", "INT"),
-    "BIGINT": ("int", "BIGINT"), "LONG": ("int", "BIGINT"),
-    "FLOAT": ("float", "FLOAT"), "REAL": ("float", "FLOAT"), "DOUBLE": ("float", "DOUBLE"),
-    "STRING": ("string", "STRING"), "VARCHAR": ("string", "STRING"), "CHAR": ("string", "STRING"),
-    "BOOLEAN": ("bool", "BOOLEAN"),
-    "DATE": ("date", "DATE"),
-    "TIMESTAMP": ("timestamp", "TIMESTAMP"), "TIMESTAMP_LTZ": ("timestamp", "TIMESTAMP_LTZ"),
-    "TIMESTAMP_NTZ": ("timestamp", "TIMESTAMP_NTZ"),
-    "BINARY": ("binary", "BINARY"),
-}
+#: integer type -> the bits of its largest value
 _INT_BOUNDS = {"TINYINT": 7, "SMALLINT": 15, "INT": 31, "BIGINT": 63}
-
-
-@lru_cache(maxsize=256)
-def _parse_type(text: str) -> _SparkType:
-    """Parses a Spark SQL type string of the mirror's conf; raises ValueError for types we cannot fill."""
-    m = _TYPE_RE.match(text)
-    if not m:
-        raise ValueError(f"unsupported Spark type {text!r}")
-    name, p, s = m.group(1).upper(), m.group(2), m.group(3)
-    if name in ("DECIMAL", "DEC", "NUMERIC"):
-        precision = int(p) if p is not None else 10
-        scale = int(s) if s is not None else 0
-        if not 1 <= precision <= 38 or scale > precision:
-            raise ValueError(f"invalid decimal type {text!r}: need 1 <= precision <= 38 and scale <= precision")
-        return _SparkType("decimal", f"DECIMAL({precision},{scale})", precision, scale)
-    if name in _SIMPLE_TYPES and (p is None or name in ("VARCHAR", "CHAR")) and s is None:
-        kind, label = _SIMPLE_TYPES[name]
-        return _SparkType(kind, label)
-    raise ValueError(f"unsupported Spark type {text!r} (supported: integer types, FLOAT, DOUBLE, DECIMAL(p,s), "
-                     "STRING, BOOLEAN, DATE, TIMESTAMP, BINARY)")
 
 
 # --------------------------------------------------------------------------------------------- value helpers
@@ -293,7 +250,7 @@ Converter = Callable[[Any], Any]
 _CONVERTERS: dict[tuple[Any, ...], Converter] = {}
 
 
-def _converter(t: _SparkType, connect: Mapping[str, Any] | None, decimal_handling: str) -> Converter:
+def _converter(t: ColumnType, connect: Mapping[str, Any] | None, decimal_handling: str) -> Converter:
     """The (cached) function converting one non-null JSON value of a column.
 
     ``connect`` is the column's Connect field schema when the event carried one; its logical ``name`` (and
@@ -312,9 +269,9 @@ def _converter(t: _SparkType, connect: Mapping[str, Any] | None, decimal_handlin
     return conv
 
 
-def _make_converter(t: _SparkType, has_schema: bool, logical: str | None, ctype: str | None, scale: Any,
+def _make_converter(t: ColumnType, has_schema: bool, logical: str | None, ctype: str | None, scale: Any,
                     decimal_handling: str) -> Converter:
-    label = t.label
+    label = t.name
     kind = t.kind
     # How a string is read when a decimal is expected, and with which scale.
     dec_scale = t.scale
@@ -463,7 +420,7 @@ def _make_converter(t: _SparkType, has_schema: bool, logical: str | None, ctype:
 
         return conv_timestamp
 
-    raise AssertionError(f"no converter for {t}")  # pragma: no cover - _parse_type admits no other kind
+    raise AssertionError(f"no converter for {t}")  # pragma: no cover - parse_column_type admits no other kind
 
 
 def coerce(value: Any, spark_type: str, connect_type: Mapping[str, Any] | None = None, *,
@@ -477,7 +434,7 @@ def coerce(value: Any, spark_type: str, connect_type: Mapping[str, Any] | None =
     if value is None:
         return None
     try:
-        t = _parse_type(spark_type)
+        t = parse_column_type(spark_type)
         out = _converter(t, connect_type, decimal_handling)(value)
     except (ValueError, ArithmeticError, TypeError) as e:
         where = f"column {column!r}: " if column is not None else ""
@@ -498,8 +455,8 @@ class SourceSchema:
     columns: tuple[tuple[str, str], ...]
     key: tuple[str, ...]
     decimal_handling: str = "precise"
-    _types: tuple[_SparkType, ...] = field(init=False, repr=False, compare=False)
-    _plan: tuple[tuple[int, str, _SparkType, Converter], ...] = field(init=False, repr=False, compare=False)
+    _types: tuple[ColumnType, ...] = field(init=False, repr=False, compare=False)
+    _plan: tuple[tuple[int, str, ColumnType, Converter], ...] = field(init=False, repr=False, compare=False)
     _fast: tuple[tuple[str, Converter], ...] = field(init=False, repr=False, compare=False)
     _toastable: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _key_idx: tuple[int, ...] = field(init=False, repr=False, compare=False)
@@ -521,7 +478,7 @@ class SourceSchema:
             raise ValueError(f"key {list(key)} must name distinct columns of {names}")
         if self.decimal_handling not in _DECIMAL_HANDLING:
             raise ValueError(f"decimal_handling must be one of {_DECIMAL_HANDLING}, got {self.decimal_handling!r}")
-        types = tuple(_parse_type(t) for _, t in columns)
+        types = tuple(parse_column_type(t) for _, t in columns)
         key_idx = tuple(names.index(k) for k in key)
         object.__setattr__(self, "columns", columns)
         object.__setattr__(self, "key", key)
@@ -649,6 +606,20 @@ def _unwrap(obj: Any) -> tuple[Any, Any, str]:
     return obj, None, ""
 
 
+def _payload(raw: bytes | str | None, what: str) -> tuple[dict[str, Any], Any, str] | None:
+    """A Kafka key or value (``what``) as (payload object, Connect schema or None, path prefix); None for a
+    tombstone: null, empty, or a schema-wrapped null payload. DecodeError when the payload is no object."""
+    if raw is None or len(raw) == 0:
+        return None
+    payload, schema, prefix = _unwrap(_parse_object(raw, what))
+    if payload is None:
+        return None
+    if payload.__class__ is not dict:
+        where = "payload" if what == "value" else f"{what}.payload"
+        raise DecodeError(f"{where}: expected an object, got {_describe(payload)}")
+    return payload, schema, prefix
+
+
 def _fields(struct: Any, path: str) -> dict[str, Any]:
     """``{field name: Connect field schema}`` of a Connect struct schema."""
     fields = struct.get("fields") if struct.__class__ is dict else None
@@ -755,13 +726,10 @@ def decode_key(key: bytes | str | None, schema: SourceSchema) -> tuple[Any, ...]
     ``delete.tombstone.handling.mode=tombstone`` the tombstone *is* the delete -- a caller consuming such a
     topic turns ``decode(...) is None`` into a delete of ``decode_key(...)`` (ordered by Kafka offset). Returns
     None for a null/empty key; raises :class:`DecodeError` for a malformed one or a missing key column."""
-    if key is None or len(key) == 0:
+    unwrapped = _payload(key, "key")
+    if unwrapped is None:
         return None
-    payload, ks, prefix = _unwrap(_parse_object(key, "key"))
-    if payload is None:
-        return None
-    if payload.__class__ is not dict:
-        raise DecodeError(f"key.payload: expected an object, got {_describe(payload)}")
+    payload, ks, prefix = unwrapped
     connect = _fields(ks, "key.schema") if ks is not None else None
     out = _image_key(payload, schema, connect, f"key.{prefix}".rstrip("."))
     if out is None:
@@ -860,13 +828,10 @@ class TransactionEnd:
 def decode_transaction_end(value: bytes | str | None) -> TransactionEnd | None:
     """One record of ``<topic.prefix>.transaction``: its END as :class:`TransactionEnd`, None for a BEGIN or
     a tombstone. Raises :class:`DecodeError` for anything else."""
-    if value is None or len(value) == 0:
+    unwrapped = _payload(value, "value")
+    if unwrapped is None:
         return None
-    p, _vs, prefix = _unwrap(_parse_object(value, "value"))
-    if p is None:
-        return None
-    if p.__class__ is not dict:
-        raise DecodeError(f"payload: expected an object, got {_describe(p)}")
+    p, _vs, prefix = unwrapped
     status = p.get("status")
     if status == "BEGIN":
         return None
@@ -925,13 +890,10 @@ def decode(key: bytes | str | None, value: bytes | str | None, schema: SourceSch
     Returns None for a tombstone (null or empty value): after a delete Debezium writes one for log
     compaction, and the delete event itself already carried the change. Raises :class:`DecodeError` for
     anything else that is not a valid change event of ``schema`` -- the caller dead-letters it."""
-    if value is None or len(value) == 0:
+    unwrapped = _payload(value, "value")  # a schema-wrapped null payload is a tombstone too
+    if unwrapped is None:
         return None
-    p, vs, prefix = _unwrap(_parse_object(value, "value"))
-    if p is None:
-        return None  # a schema-wrapped null payload is a tombstone too
-    if p.__class__ is not dict:
-        raise DecodeError(f"payload: expected an object, got {_describe(p)}")
+    p, vs, prefix = unwrapped
     names = schema._names
     if _F_OP in p or _F_DELETED in p:
         return _decode_flattened(p, vs, prefix, key, schema)

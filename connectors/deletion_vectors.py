@@ -55,8 +55,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from connectors.delta_log import TRICKLE_KEY, DeltaLog, _local
+from connectors.delta_log import TRICKLE_KEY, DeltaLog
 from connectors.delta_rs import CommitFailed
+from connectors.storage import local_path
 
 _MAGIC = 1681511377
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
@@ -124,7 +125,7 @@ def decode(data: bytes) -> np.ndarray:
 def _vector_file(root: str, descriptor: dict[str, Any]) -> str:
     stored = str(descriptor["pathOrInlineDv"])
     if descriptor["storageType"] == "p":
-        local = _local(stored)
+        local = local_path(stored)
         if local is None:
             raise ValueError(f"deletion vector outside the local file system: {stored}")
         return local
@@ -180,7 +181,7 @@ def live_files(log: DeltaLog, version: int) -> dict[str, dict[str, Any]]:
     """The ``add`` action of every live data file at ``version``, by its path in the log. Replayed from the
     state this process last saw (while that commit file is the same file), else from the last checkpoint,
     else from the first commit."""
-    key = os.path.abspath(_local(log.path) or log.path)
+    key = os.path.abspath(local_path(log.path) or log.path)
     with _LIVE_LOCK:
         seen = _LIVE.get(key)
     files: dict[str, dict[str, Any]] | None = None
@@ -245,7 +246,7 @@ def _from_checkpoint(log: DeltaLog, version: int) -> tuple[dict[str, dict[str, A
 def unusable(path: str, protocol: dict[str, Any] | None, configuration: dict[str, str],
              partitioned: bool) -> str | None:
     """Why this module may not commit to the table (None: it may)."""
-    if _local(path) is None:
+    if local_path(path) is None:
         return "the table is not on a local file system (the commit file's put-if-absent is local only)"
     if protocol is None:
         return "the table's protocol is unknown"
@@ -271,7 +272,7 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array) -> pa.
     """``__file``, ``__position``, ``__row_id`` and ``__row_hash`` of every live stored row whose hash is in
     ``hashes``: each live file's two id columns are read (files whose hash bounds hold none are skipped), and
     positions its vector already deletes are left out."""
-    root = _local(path)
+    root = local_path(path)
     if root is None:
         raise Unusable(f"{path} is not on a local file system")
     wanted = np.unique(hashes.to_numpy(zero_copy_only=False).astype(np.int64))
@@ -348,7 +349,7 @@ def commit(path: str, read_version: int, files: dict[str, dict[str, Any]], schem
     """Commit ``inserts`` (the table's columns) and the deletion of ``deleted`` (``__file``, ``__position`` and
     the table's columns: the rows :func:`locate` found, with their values) as version ``read_version + 1``.
     ``files``: :func:`live_files` at ``read_version``; ``schema``: the table's Arrow schema."""
-    root = _local(path)
+    root = local_path(path)
     assert root is not None
     now = int(time.time() * 1000)
     names = schema.names

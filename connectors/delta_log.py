@@ -16,6 +16,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from connectors.storage import local_path
+
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 #: classic, multi-part and V2 checkpoints: ``<v>.checkpoint.parquet``, ``<v>.checkpoint.<i>.<n>.parquet``,
 #: ``<v>.checkpoint.<uuid>.(json|parquet)``
@@ -109,12 +111,6 @@ def one_read_per_refresh() -> Iterator[None]:
         _FETCHED.reset(token)
 
 
-def _local(path: str) -> str | None:
-    if path.startswith("file:"):
-        return path[len("file:"):].replace("///", "/", 1) if path.startswith("file:///") else path[5:]
-    return path if "://" not in path else None
-
-
 class DeltaLog:
     """Reads one table's log. Local paths use the OS directly; others go through Hadoop's FileSystem."""
 
@@ -133,7 +129,7 @@ class DeltaLog:
     def _signature(self, name: str) -> Any:
         """Size and modification time of a log file, None when missing: commit files are never rewritten,
         so a different signature at the same version means the table was replaced."""
-        local = _local(self.log_dir)
+        local = local_path(self.log_dir)
         if local is not None:
             try:
                 st = os.stat(os.path.join(local, name))
@@ -165,7 +161,7 @@ class DeltaLog:
 
     def _fetch(self, name: str) -> bytes | None:
         """One log file's bytes from storage (None when missing): the only read of a log file's contents."""
-        local = _local(self.log_dir)
+        local = local_path(self.log_dir)
         if local is not None:
             try:
                 with open(os.path.join(local, name), "rb") as f:
@@ -182,7 +178,7 @@ class DeltaLog:
             stream.close()
 
     def _list(self) -> list[str]:
-        local = _local(self.log_dir)
+        local = local_path(self.log_dir)
         if local is not None:
             try:
                 return os.listdir(local)

@@ -41,7 +41,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from connectors.delta_log import TRICKLE_KEY, _local
+from connectors.delta_log import TRICKLE_KEY
+from connectors.storage import local_path
 
 #: Writer features delta-rs 1.x writes correctly (a table using any other one is left to Spark).
 WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "changeDataFeed", "timestampNtz"})
@@ -59,7 +60,7 @@ class NotLocal(ValueError):
 def _local_or_refuse(path: str) -> str:
     """The local path of ``path``; :class:`NotLocal` for any other store, so that no delta-rs writer or reader
     is ever opened on a URI with none of the store's settings (it would reach the wrong endpoint, or AWS)."""
-    local = _local(path)
+    local = local_path(path)
     if local is None:
         raise NotLocal(f"{path} is not on the local file system: delta-rs is used for local tables only, "
                        "Spark writes this one (see connectors/delta_rs.py)")
@@ -70,7 +71,7 @@ def unusable(path: str, protocol: dict[str, Any] | None) -> str | None:
     """Why delta-rs may not commit to the table at ``path`` (None: it may). ``protocol``: the table's Delta
     ``protocol`` action (from its checksum file, see :meth:`connectors.delta_log.DeltaLog.protocol`); None
     when unknown, and then delta-rs is not used."""
-    if _local(path) is None:
+    if local_path(path) is None:
         return "the table is not on a local file system (delta-rs commits are used for local tables only)"
     if protocol is None:
         return "the table's protocol is unknown (no checksum file at its latest version)"
@@ -279,7 +280,7 @@ def read_small(path: str, version: int, max_bytes: int, max_rows: int) -> Any | 
     (an aggregate's stored state) otherwise has Spark load a snapshot of a table delta-rs committed to,
     which writes no checksum file, so Spark replays the log with two Spark jobs first; a small table read
     here costs milliseconds and no job (figures in docs/BENCHMARKS.md, "Figures behind the code")."""
-    if _local(path) is None or max_bytes <= 0:
+    if local_path(path) is None or max_bytes <= 0:
         return None
     try:
         table = opened(path, version)
@@ -301,7 +302,7 @@ def read_changes(path: str, first: int, last: int, max_rows: int) -> Any | None:
     own (the window's commits listed and read, its files scanned by tasks) inside every delta job; a small
     window read here costs milliseconds. Compared with ``table_changes`` on every window of a table changed by
     INSERT, MERGE, UPDATE, DELETE of rows, of whole partitions and of everything: the same rows."""
-    if _local(path) is None:
+    if local_path(path) is None:
         return None
     import pyarrow as pa
 
@@ -316,7 +317,7 @@ def rows_with(path: str, version: int, columns: list[str], key: str, values: Any
     """``columns`` of the table's rows at ``version`` whose ``key`` is in ``values`` (an Arrow array), read
     without Spark; None when the table is not local or delta-rs cannot read it (the caller asks Spark). The
     caller has checked the protocol (:func:`unreadable`)."""
-    if _local(path) is None:
+    if local_path(path) is None:
         return None
     import pyarrow.compute as pc
 
@@ -329,7 +330,7 @@ def rows_with(path: str, version: int, columns: list[str], key: str, values: Any
 
 def file_rows(path: str, version: int) -> list[int] | None:
     """Rows of each live data file at ``version``, from the files' statistics (None when unknown)."""
-    if _local(path) is None:
+    if local_path(path) is None:
         return None
     try:
         counts = opened(path, version).get_add_actions(flatten=True).column("num_records").to_pylist()
@@ -347,7 +348,7 @@ def table_rows(path: str, version: int) -> int | None:
 def table_bytes(path: str, version: int) -> int | None:
     """Bytes of the table's data files at ``version`` (None when delta-rs cannot tell): the size of a table
     whose latest commits came from delta-rs, which writes no checksum file to read it from."""
-    if _local(path) is None:
+    if local_path(path) is None:
         return None
     try:
         return int(sum(opened(path, version).get_add_actions(flatten=True).column("size_bytes").to_pylist()))

@@ -112,7 +112,7 @@ def merge(spark: Any, path: str, source_sql: str, statement: Callable[[str], str
         session.sql(statement(f"SELECT * FROM {view}"))
         session.catalog.dropTempView(view)
     finally:
-        _release(delta)
+        release_checkpoint(delta)
     version = committed_version(spark, path, record, read_version)
     if version is None:
         return None
@@ -189,8 +189,9 @@ def _counts(info: dict[str, Any]) -> dict[str, int]:
             "deleted": get("numTargetRowsDeleted", "num_target_rows_deleted")}
 
 
-def _release(checkpointed: Any) -> None:
-    """Free a local checkpoint's blocks now instead of whenever the JVM garbage-collects its RDD."""
+def release_checkpoint(checkpointed: Any) -> None:
+    """Free a local checkpoint's blocks now instead of whenever the JVM garbage-collects its RDD (shared by
+    every writer that checkpoints a DataFrame: a refresh's delta, a fixpoint's held rows, a mirror batch)."""
     try:
         checkpointed._jdf.queryExecution().analyzed().rdd().unpersist(False)
     except Exception:  # noqa: BLE001 - only an optimisation; the context cleaner frees them eventually

@@ -46,6 +46,7 @@ from typing import Any
 
 from connectors import debezium_schema
 from connectors.debezium import DecodeError, SourceSchema, decode
+from connectors.delta_sink import release_checkpoint
 from dvm import quote
 
 #: Delta session settings that make the next write idempotent (skipped if this app id already committed
@@ -445,10 +446,7 @@ def apply_batch(batch: Any, batch_id: int, src: KafkaSource, app_id: str) -> dic
     finally:
         for k in (USER_METADATA, TXN_APP_ID, TXN_VERSION):
             session.conf.unset(k)
-        try:
-            decoded._jdf.queryExecution().analyzed().rdd().unpersist(False)
-        except Exception:  # noqa: BLE001 - only frees blocks early
-            pass
+        release_checkpoint(decoded)
 
 
 #: a mirror's table property naming its primary key, when its columns come from the events (``evolve``)

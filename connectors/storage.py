@@ -38,8 +38,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Uri", "Storage", "LocalStorage", "HadoopStorage", "local_path", "is_local", "location", "join",
-           "for_uri", "Exists"]
+__all__ = ["Uri", "Storage", "LocalStorage", "HadoopStorage", "local_path", "strip_file_scheme", "is_local",
+           "location", "join", "for_uri", "Exists"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: stores where one PUT replaces an object atomically and rename is a copy: files are written in place
@@ -50,12 +50,22 @@ class Exists(Exception):
     """Put-if-absent found the file already there."""
 
 
-def local_path(uri: str | os.PathLike[str]) -> str | None:
-    """The local file system path of ``uri`` (a plain path or a ``file:`` URI), None for any other scheme."""
+def strip_file_scheme(uri: str | os.PathLike[str]) -> str:
+    """``uri`` without its ``file:`` scheme (``file:/x``, ``file:///x`` -> ``/x``); any other URI or path as
+    it is. Spark and Delta report local locations as ``file:`` URIs, which Python's file functions do not
+    open."""
     s = os.fspath(uri)
     if s.startswith("file:"):
         rest = s[len("file:"):]
         return "/" + rest.lstrip("/") if rest.startswith("//") else rest
+    return s
+
+
+def local_path(uri: str | os.PathLike[str]) -> str | None:
+    """The local file system path of ``uri`` (a plain path or a ``file:`` URI), None for any other scheme."""
+    s = os.fspath(uri)
+    if s.startswith("file:"):
+        return strip_file_scheme(s)
     return None if _SCHEME.match(s) else s
 
 

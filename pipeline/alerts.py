@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.modes import TableStatus
+
 #: how long one POST to the webhook may take
 WEBHOOK_TIMEOUT_S = 5.0
 
@@ -123,7 +125,7 @@ def table_alerts(alerter: Alerter, row: Mapping[str, Any], max_staleness_s: floa
     above ``max_staleness_s`` (None: no threshold; a SUSPENDED table is stale on purpose and does not alert)."""
     name = str(row["name"])
     out = []
-    a = alerter.check(TABLE_ERROR, name, row.get("status") == "ERROR", table=name,
+    a = alerter.check(TABLE_ERROR, name, row.get("status") == TableStatus.ERROR, table=name,
                       consecutive_errors=row.get("consecutive_errors"), error=row.get("last_error"),
                       message=f"stream table {name} is in ERROR and no longer refreshed: {row.get('last_error')}; "
                               f"fix the cause, then: trickle alter {name} --status ACTIVE")
@@ -131,7 +133,8 @@ def table_alerts(alerter: Alerter, row: Mapping[str, Any], max_staleness_s: floa
         out.append(a)
     stale = row.get("staleness_s")
     if max_staleness_s is not None:
-        breached = stale is not None and stale > max_staleness_s and row.get("status") != "SUSPENDED"
+        paused = row.get("status") == TableStatus.SUSPENDED
+        breached = stale is not None and stale > max_staleness_s and not paused
         a = alerter.check(STALENESS, name, breached, table=name,
                           staleness_seconds=None if stale is None else round(float(stale), 1),
                           max_staleness_seconds=max_staleness_s,

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from connectors.delta_log import DeltaLog
 from pipeline.catalog import SourceInfo, StreamTableDef
 from pipeline.errors import CatalogError, SourceChangedError, TrickleError
+from pipeline.modes import RefreshMode, TableStatus
 
 if TYPE_CHECKING:
     from pipeline.api import StreamTables
@@ -99,7 +100,7 @@ def redefine(st: StreamTables, d: StreamTableDef, draft: StreamTableDef, reason:
                 st.start(key)
         raise
     st._register(key, new.path)
-    if running and st.catalog.get(key).refresh_mode == "IMMEDIATE":
+    if running and st.catalog.get(key).refresh_mode == RefreshMode.IMMEDIATE:
         st.start(key)
     after = st.catalog.get(key)
     if list(zip(prior.names, prior.types, strict=True)) != list(zip(after.names, after.types, strict=True)):
@@ -151,8 +152,8 @@ def mark_error(st: StreamTables, d: StreamTableDef, message: str) -> None:
     now = time.time()
     st.refresher._record_error(d, now, time.perf_counter(), SourceChangedError(message))
     fresh = st.catalog.get(d.name)
-    if fresh.status != "ERROR":  # a suspended table is put in ERROR too: resuming it cannot help
-        fresh.status = "ERROR"
+    if fresh.status != TableStatus.ERROR:  # a suspended table is put in ERROR too: resuming it cannot help
+        fresh.status = TableStatus.ERROR
         st.catalog.put(fresh)
     st.stop(d.name)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import dvm
 from connectors.delta_log import DeltaLog
+from connectors.storage import strip_file_scheme
 from dvm import PREV, quote
 from pipeline import fixpoints, metastore
 from pipeline.catalog import (
@@ -22,8 +23,10 @@ from pipeline.catalog import (
     validate_name,
 )
 from pipeline.errors import CatalogError, QueryError, SourceError, UnsupportedError
+from pipeline.immediate import start_immediate
+from pipeline.modes import DELTA_ONLY_MODES, USER_STATUSES, RefreshMode, TableStatus
 from pipeline.refresh import Refresher, RefreshResult
-from pipeline.schedule import validate_schedule
+from pipeline.schedule import DEFAULT_SCHEDULE, validate_schedule
 
 __all__ = ["StreamTables", "RefreshResult"]
 
@@ -39,8 +42,7 @@ def _path_source(key: str) -> tuple[str, str] | None:
 
 
 def _warehouse(spark: Any) -> str:
-    wh = spark.conf.get("spark.sql.warehouse.dir")
-    return wh[len("file:"):] if wh.startswith("file:") else wh
+    return strip_file_scheme(spark.conf.get("spark.sql.warehouse.dir"))
 
 
 class StreamTables:
@@ -122,9 +124,7 @@ class StreamTables:
         if str(props.get("delta.enableChangeDataFeed", "false")).lower() != "true":
             raise SourceError(f"source {ref} has Change Data Feed off; enable it with: ALTER TABLE {ref} SET "
                               "TBLPROPERTIES (delta.enableChangeDataFeed = true)")
-        location = detail["location"]
-        if location.startswith("file:"):
-            location = location[len("file:"):]
+        location = strip_file_scheme(detail["location"])
         if by_path is None:
             schema = self.spark.table(key).schema
         else:
@@ -206,8 +206,8 @@ class StreamTables:
 
     # --- API ---
 
-    def create_stream_table(self, name: str, query: str, schedule: str | None = "1m",
-                            refresh_mode: str = "AUTO", initialize: bool = True, dialect: str = "spark") -> None:
+    def create_stream_table(self, name: str, query: str, schedule: str | None = DEFAULT_SCHEDULE,
+                            refresh_mode: str = RefreshMode.AUTO, initialize: bool = True, dialect: str = "spark") -> None:
         """Declare a stream table; with ``initialize`` populate it now (a FULL refresh). ``dialect``: the SQL
         dialect ``query`` is written in (a sqlglot dialect name, e.g. ``postgres``); it is kept with the table,
         every refresh reads the query in it, and what runs is Spark SQL rendered from it.
@@ -278,14 +278,14 @@ class StreamTables:
             plan = dvm.compile_query(maintained, schemas, dialect)
             draft.layout = plan.layout
         except UnsupportedError as e:
-            if mode in ("DIFFERENTIAL", "IMMEDIATE"):
+            if mode in DELTA_ONLY_MODES:
                 raise UnsupportedError(e.construct, f"stream table {key}: {e} (refresh_mode={mode})") from None
-            if mode == "AUTO" and self.refresher.is_strict():
+            if mode == RefreshMode.AUTO and self.refresher.is_strict():
                 raise UnsupportedError(e.construct, f"stream table {key}: {e} (strict mode: AUTO would refresh "
                                        "it FULL; use refresh_mode='FULL' to accept that)") from None
             draft.full_reason = str(e)
         except QueryError as e:
-            if mode in ("DIFFERENTIAL", "IMMEDIATE") or (mode == "AUTO" and self.refresher.is_strict()):
+            if mode in DELTA_ONLY_MODES or (mode == RefreshMode.AUTO and self.refresher.is_strict()):
                 raise UnsupportedError("query", f"stream table {key}: {e}") from None
             draft.full_reason = f"cannot build an operator tree: {e}"
         except RecursionError:  # check_nesting's limit should prevent it: never a raw error, never stored
@@ -311,16 +311,16 @@ class StreamTables:
             d.schedule = validate_schedule(schedule)
         if refresh_mode is not None:
             mode = validate_mode(refresh_mode)
-            if mode in ("DIFFERENTIAL", "IMMEDIATE") and d.full_reason is not None and query is None:
+            if mode in DELTA_ONLY_MODES and d.full_reason is not None and query is None:
                 raise UnsupportedError("query", f"stream table {d.name} cannot use refresh_mode={mode}: "
                                        f"{d.full_reason}")
             d.refresh_mode = mode
         if status is not None:
             s = str(status).upper()
-            if s not in ("ACTIVE", "SUSPENDED"):
+            if s not in USER_STATUSES:
                 raise CatalogError(f"invalid status {status!r}: use ACTIVE or SUSPENDED")
-            d.status = s
-            if s == "ACTIVE":
+            d.status = TableStatus(s)
+            if s == TableStatus.ACTIVE:
                 d.consecutive_errors = 0
         if query is not None:
             from pipeline.alter import change_query
@@ -391,7 +391,7 @@ class StreamTables:
                 raise QueryError(_explain_query_error(text, e)) from None
             for k in keys:
                 sources[k], schemas[k] = self._resolve_source(k, "")
-            d = StreamTableDef("(query)", text, None, "AUTO", "<stream table>", sources,
+            d = StreamTableDef("(query)", text, None, RefreshMode.AUTO, "<stream table>", sources,
                                [], [], "bag", inlined_query=maintained if views else None, views=views)
             try:
                 plan = dvm.compile_query(maintained, schemas)
@@ -420,7 +420,7 @@ class StreamTables:
         assert plan is not None
         if d.name == "(query)":
             plan.names = d.names
-        if d.refresh_mode == "FULL":
+        if d.refresh_mode == RefreshMode.FULL:
             lines += ["", "refresh_mode FULL: every refresh recomputes; below is what AUTO / DIFFERENTIAL would do"]
         lines += ["", "operator tree (each operator: how its delta is computed; RECOMPUTE: recomputes what a "
                   "change touches, and why):", plan.tree_text()]
@@ -500,7 +500,7 @@ class StreamTables:
                  "  - larger windows: Spark's MERGE from the cluster (SPARK_MERGE)",
                  "  - FULL / REINITIALIZE: the query's result overwrites the table (OVERWRITE)"]
         threshold, how = strategy.CostModel.from_dict(d.cost_model).threshold()
-        if d.refresh_mode == "AUTO":
+        if d.refresh_mode == RefreshMode.AUTO:
             lines.append(f"AUTO: FULL when more than {threshold:.1%} of the sources' bytes changed in a window "
                          f"({how}); strict mode never chooses FULL by cost")
         return lines
@@ -527,13 +527,11 @@ class StreamTables:
     def start(self, name: str, follow: set[str] | None = None) -> Any:
         """Run the stream table continuously: a streaming query over its sources' change feeds (``follow``:
         only these sources'; None when that leaves none, see :mod:`pipeline.fused`)."""
-        from pipeline.immediate import start_immediate
-
         key = validate_name(name)
         q = self._queries.get(key)
         if q is not None and q.isActive:
             return q
-        q = start_immediate(self, key, follow=follow)
+        q = start_immediate(self.spark, self.catalog, self.refresher, key, follow=follow)
         if q is None:
             self._queries.pop(key, None)
             return None

@@ -25,14 +25,15 @@ from typing import Any
 
 from connectors.storage import Storage, for_uri, is_local, join, location
 from pipeline.errors import CatalogError
+from pipeline.modes import RefreshMode, TableStatus
 
 #: Refresh-history records kept per stream table (older ones are pruned as new ones are appended).
 HISTORY_KEEP = int(os.environ.get("TRICKLE_HISTORY_KEEP", "1000"))
 HISTORY_PRUNE_EVERY = 100
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MODES = ("AUTO", "DIFFERENTIAL", "FULL", "IMMEDIATE")
-STATUSES = ("ACTIVE", "SUSPENDED", "ERROR")
+MODES = tuple(RefreshMode)
+STATUSES = tuple(TableStatus)
 
 
 @dataclass
@@ -57,7 +58,7 @@ class StreamTableDef:
     layout: str  # keyed | bag
     full_reason: str | None = None  # set when the query cannot be differentiated (AUTO → FULL)
     dialect: str = "spark"
-    status: str = "ACTIVE"
+    status: str = TableStatus.ACTIVE
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     consecutive_errors: int = 0
@@ -233,4 +234,4 @@ def validate_mode(mode: str) -> str:
     m = str(mode).upper()
     if m not in MODES:
         raise CatalogError(f"invalid refresh_mode {mode!r}: expected one of {', '.join(MODES)}")
-    return m
+    return RefreshMode(m)

@@ -47,8 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from connectors.column_types import SUPPORTED_TYPES, normalize_type
 from pipeline.errors import ConfigError
-from pipeline.schedule import parse_duration
+from pipeline.modes import RefreshMode
+from pipeline.schedule import DEFAULT_SCHEDULE, SCHEDULE_FORMS, normalize_schedule, parse_duration
 
 __all__ = [
     "TOP_LEVEL_KEYS",
@@ -104,7 +106,7 @@ KAFKA_SOURCE_KEYS = frozenset(
 DELTA_SOURCE_KEYS = frozenset({"name", "kind", "path"})
 COLUMN_KEYS = frozenset({"name", "type"})
 SOURCE_KINDS = ("kafka", "delta")
-REFRESH_MODES = ("AUTO", "DIFFERENTIAL", "FULL", "IMMEDIATE")
+REFRESH_MODES = tuple(RefreshMode)
 STARTING_OFFSETS = ("earliest", "latest")
 
 #: Spark Kafka reader options that may be given without the ``kafka.`` prefix (the prefixed ones go to the
@@ -123,44 +125,13 @@ _FORBIDDEN_KAFKA_OPTIONS = {
     "kafka.interceptor.classes": "Spark does not support consumer interceptors",
 }
 
-#: What the error message lists: the Spark SQL types the Debezium decoder can fill (aliases in brackets).
-SUPPORTED_TYPES = (
-    "BOOLEAN, TINYINT, SMALLINT, INT (INTEGER), BIGINT (LONG), FLOAT (REAL), DOUBLE, "
-    "DECIMAL(p,s) (NUMERIC(p,s); 1 <= p <= 38, 0 <= s <= p), STRING (VARCHAR(n), CHAR(n)), "
-    "DATE, TIMESTAMP, TIMESTAMP_NTZ, BINARY"
-)
-# Upper-case alias -> canonical name, for types without parameters.
-_SIMPLE_TYPES = {
-    "BOOLEAN": "BOOLEAN",
-    "TINYINT": "TINYINT",
-    "SMALLINT": "SMALLINT",
-    "INT": "INT",
-    "INTEGER": "INT",
-    "BIGINT": "BIGINT",
-    "LONG": "BIGINT",
-    "FLOAT": "FLOAT",
-    "REAL": "FLOAT",
-    "DOUBLE": "DOUBLE",
-    "STRING": "STRING",
-    "DATE": "DATE",
-    "TIMESTAMP": "TIMESTAMP",
-    "TIMESTAMP_NTZ": "TIMESTAMP_NTZ",
-    "BINARY": "BINARY",
-}
-_TYPE_RE = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _QUALIFIED_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?$")
 _SERVER_RE = re.compile(r"^[^\s,:]+:\d{1,5}$")
-_CRON_NICKNAMES = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@annually", "@midnight")
-_SCHEDULE_FORMS = (
-    "a positive duration like 30s, 5m, 1h30m or 2d; a cron expression with 5 or 6 fields like "
-    f"'*/5 * * * *' (quote it in YAML) or one of {', '.join(_CRON_NICKNAMES)}; or CALCULATED"
-)
 
-#: Same defaults as ``StreamTables.create_stream_table`` so that a conf entry and an API call without
-#: options mean the same thing.
-DEFAULT_SCHEDULE = "1m"
-DEFAULT_REFRESH_MODE = "AUTO"
+#: Same defaults as ``StreamTables.create_stream_table`` (and ``DEFAULT_SCHEDULE``, from
+#: :mod:`pipeline.schedule`) so that a conf entry and an API call without options mean the same thing.
+DEFAULT_REFRESH_MODE = RefreshMode.AUTO
 DEFAULT_TICK_SECONDS = 1.0
 DEFAULT_MAX_CONSECUTIVE_ERRORS = 3
 DEFAULT_RETRY_BACKOFF_SECONDS = 1.0
@@ -317,33 +288,6 @@ def load_conf(path: str | os.PathLike[str]) -> TrickleConf:
     )
 
 
-def normalize_type(text: str) -> str:
-    """Canonical upper-case form of a supported Spark SQL type; ValueError (with the supported list) if not.
-
-    Public so that other entry points (a CLI flag, a test) accept exactly what a conf file accepts.
-    DECIMAL without parameters is Spark's DECIMAL(10,0) and DECIMAL(p) is DECIMAL(p,0).
-    """
-    m = _TYPE_RE.match(text) if isinstance(text, str) else None
-    if m is None:
-        raise ValueError(f"unsupported type {text!r} (supported: {SUPPORTED_TYPES})")
-    name, p, s = m.group(1).upper(), m.group(2), m.group(3)
-    if name in ("DECIMAL", "NUMERIC", "DEC"):
-        precision = int(p) if p is not None else 10
-        scale = int(s) if s is not None else 0
-        if not 1 <= precision <= 38 or scale > precision:
-            raise ValueError(
-                f"invalid decimal type {text!r}: need 1 <= precision <= 38 and 0 <= scale <= precision"
-            )
-        return f"DECIMAL({precision},{scale})"
-    if name in ("VARCHAR", "CHAR"):
-        if p is None or s is not None or int(p) < 1:
-            raise ValueError(f"invalid type {text!r}: {name} needs a positive length, e.g. {name}(255)")
-        return "STRING"
-    if name in _SIMPLE_TYPES and p is None:
-        return _SIMPLE_TYPES[name]
-    raise ValueError(f"unsupported type {text!r} (supported: {SUPPORTED_TYPES})")
-
-
 # ----------------------------------------------------------------------------------------------- helpers
 
 
@@ -441,7 +385,7 @@ def _stream_tables(path: Path, value: Any) -> list[StreamTableSpec]:
             raise ConfigError(
                 f"{path}: {where}: 'refresh_mode' must be one of {', '.join(REFRESH_MODES)}, got {mode!r}"
             )
-        mode = mode.strip().upper()
+        mode = RefreshMode(mode.strip().upper())
         schedule = _schedule(path, where, item.get("schedule"), mode)
         specs.append(StreamTableSpec(name=name, query=query, schedule=schedule, refresh_mode=mode,
                                      max_staleness_seconds=_max_staleness(path, where, item.get("max_staleness"))))
@@ -449,36 +393,16 @@ def _stream_tables(path: Path, value: Any) -> list[StreamTableSpec]:
 
 
 def _schedule(path: Path, where: str, value: Any, mode: str) -> str | None:
-    """Normalise a schedule the way :func:`pipeline.schedule.validate_schedule` does, but as a ConfigError.
-
-    Checked here (not only by the catalog) so that ``trickle run`` fails before Spark starts, and with the
-    field count limited to 5 or 6: croniter also accepts 7 fields (a year), which the scheduler does not.
-    """
+    """Normalise a schedule with the API's grammar (:func:`pipeline.schedule.normalize_schedule`), as a
+    ConfigError. Checked here (not only by the catalog) so that ``trickle run`` fails before Spark starts."""
     if value is None:
         # An IMMEDIATE stream table is kept fresh by its streaming query; it needs no schedule.
-        return None if mode == "IMMEDIATE" else DEFAULT_SCHEDULE
-    bad = f"{path}: {where}: invalid 'schedule' {value!r}: use {_SCHEDULE_FORMS}"
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(bad)
-    text = " ".join(value.split())
-    if text.upper() == "CALCULATED":
-        return "CALCULATED"
-    seconds = parse_duration(text)
-    if seconds is not None:
-        if seconds <= 0:
-            raise ConfigError(bad)
-        return text.lower()
-    if text.startswith("@"):
-        if text.lower() in _CRON_NICKNAMES:
-            return text.lower()
-        raise ConfigError(bad)
-    if len(text.split(" ")) not in (5, 6):
-        raise ConfigError(bad)
-    from croniter import croniter
-
-    if not croniter.is_valid(text):
-        raise ConfigError(bad)
-    return text
+        return None if mode == RefreshMode.IMMEDIATE else DEFAULT_SCHEDULE
+    try:
+        return normalize_schedule(value)
+    except ValueError:
+        raise ConfigError(f"{path}: {where}: invalid 'schedule' {value!r}: use {SCHEDULE_FORMS} (quote a "
+                          "cron expression in YAML)") from None
 
 
 def _max_staleness(path: Path, where: str, value: Any) -> float | None:

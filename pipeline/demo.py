@@ -36,6 +36,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from connectors.storage import strip_file_scheme
+from pipeline.formatting import STATUS_COLUMNS, describe_refresh, format_table
+from pipeline.modes import RefreshMode
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -94,9 +98,9 @@ GROUP BY 1"""
 
 #: name -> (query, refresh_mode, schedule, order-by column for printing), upstream first.
 STREAM_TABLES: dict[str, tuple[str, str, str, str]] = {
-    "department_tree": (DEPARTMENT_TREE, "DIFFERENTIAL", "30s", "path"),
-    "department_stats": (DEPARTMENT_STATS, "AUTO", "30s", "full_path"),
-    "department_report": (DEPARTMENT_REPORT, "AUTO", "30s", "division"),
+    "department_tree": (DEPARTMENT_TREE, RefreshMode.DIFFERENTIAL, "30s", "path"),
+    "department_stats": (DEPARTMENT_STATS, RefreshMode.AUTO, "30s", "full_path"),
+    "department_report": (DEPARTMENT_REPORT, RefreshMode.AUTO, "30s", "division"),
 }
 
 #: The tutorial's Step 4: (title, SQL on the sources, stream table to refresh). Refreshing the most
@@ -163,8 +167,6 @@ def run_demo(
             print(f"{name}: {'yes' if _same_rows(st.read(name), spark.sql(query)) else 'NO - please report'}")
 
         _banner("Refresh history (newest first)")
-        from pipeline.cli import format_table
-
         for name in STREAM_TABLES:
             print(f"\n{name}")
             print(format_table(st.history(name, limit=20), HISTORY_COLUMNS))
@@ -216,8 +218,6 @@ def _show_all(st: StreamTables) -> None:
 
 
 def _print_status(st: StreamTables) -> None:
-    from pipeline.cli import STATUS_COLUMNS, format_table
-
     print(format_table(st.status(), STATUS_COLUMNS))
 
 
@@ -237,17 +237,10 @@ def _same_rows(left: DataFrame, right: DataFrame) -> bool:
 
 
 def _warehouse_dir(spark: SparkSession) -> Path:
-    value = spark.conf.get("spark.sql.warehouse.dir") or "warehouse"
-    for prefix in ("file://", "file:"):
-        if value.startswith(prefix):
-            value = value[len(prefix) :]
-            break
-    return Path(value)
+    return Path(strip_file_scheme(spark.conf.get("spark.sql.warehouse.dir") or "warehouse"))
 
 
 def _describe(result: Any) -> str:
-    from pipeline.cli import describe_refresh
-
     return describe_refresh(result).split(": ", 1)[-1]
 
 

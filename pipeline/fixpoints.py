@@ -29,6 +29,7 @@ from typing import Any
 
 from connectors import delta_rs
 from connectors.delta_log import DeltaLog, TableMeta
+from connectors.delta_sink import release_checkpoint
 from dvm import HELD_SEED, PREV, Context, Fixpoint, key_filter, quote
 from pipeline.errors import RefreshError
 
@@ -108,7 +109,7 @@ def evaluated(spark: Any, ctx: Context, conf: dict[str, str] | None = None) -> I
         for view in views:
             spark.catalog.dropGlobalTempView(view)
         for df in held:
-            _release(df)
+            release_checkpoint(df)
 
 
 def bind(session: Any, ctx: Context, sql: str, predicates: dict[str, str]) -> str:
@@ -295,10 +296,3 @@ def _changes_by_driver(session: Any, seed: str) -> Any | None:
         return session.createDataFrame(table, schema=schema)
     except Exception:  # noqa: BLE001 - an optimisation only: a type Arrow hands over differently goes to Spark
         return None
-
-
-def _release(df: Any) -> None:
-    try:
-        df._jdf.queryExecution().analyzed().rdd().unpersist(False)
-    except Exception:  # noqa: BLE001 - only an optimisation
-        pass

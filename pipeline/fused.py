@@ -25,10 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pipeline.catalog import StreamTableDef
+from pipeline.modes import RefreshMode, TableStatus
 
 
 def _immediate(d: StreamTableDef) -> bool:
-    return d.refresh_mode == "IMMEDIATE" and d.status == "ACTIVE"
+    return d.refresh_mode == RefreshMode.IMMEDIATE and d.status == TableStatus.ACTIVE
 
 
 def pushed_sources(defs: Iterable[StreamTableDef], mirrors: Iterable[str]) -> set[str]:

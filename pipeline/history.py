@@ -15,6 +15,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pipeline.modes import RecordStatus, RefreshAction
+
 
 @dataclass(frozen=True)
 class HistoryRecord:
@@ -56,27 +58,27 @@ def refreshed(name: str, refresh_id: str, action: str, reason: str, started_at: 
               apply: str | None = None, change_ratio: float | None = None) -> HistoryRecord:
     """A refresh that ran (counts: rows inserted, deleted, updated)."""
     inserted, deleted, updated = counts
-    return HistoryRecord(refresh_id, name, "OK", action, reason, started_at, time.time(),
+    return HistoryRecord(refresh_id, name, RecordStatus.OK, action, reason, started_at, time.time(),
                          round(duration_ms, 1), inserted, deleted, updated, frontier, recovered=recovered,
                          apply=apply, change_ratio=change_ratio)
 
 
 def no_data(name: str, reason: str, started_at: float, duration_ms: float, frontier: dict[str, int]) -> HistoryRecord:
     """A NO_DATA decision: history too (pg_trickle records it), with a refresh id of its own."""
-    return HistoryRecord(_fresh_id("nodata"), name, "OK", "NO_DATA", reason, started_at, time.time(),
+    return HistoryRecord(_fresh_id("nodata"), name, RecordStatus.OK, RefreshAction.NO_DATA, reason, started_at, time.time(),
                          round(duration_ms, 1), frontier=frontier)
 
 
 def recovered(name: str, refresh_id: str, action: str | None, frontier: dict[str, int] | None) -> HistoryRecord:
     """A refresh whose commit landed but whose record was lost: written by the next refresh, from the commit."""
     now = time.time()
-    return HistoryRecord(refresh_id, name, "OK", action,
+    return HistoryRecord(refresh_id, name, RecordStatus.OK, action,
                          "recovered: the refresh committed its data but its catalog record was lost", now, now,
                          None, None, None, None, frontier)
 
 
 def failed(name: str, started_at: float, duration_ms: float, error: BaseException) -> HistoryRecord:
-    return HistoryRecord(uuid.uuid4().hex[:16], name, "ERROR", None, None, started_at, time.time(),
+    return HistoryRecord(uuid.uuid4().hex[:16], name, RecordStatus.ERROR, None, None, started_at, time.time(),
                          round(duration_ms, 1), error=first_line(error),
                          traceback="".join(tb.format_exception(error))[-4000:])
 

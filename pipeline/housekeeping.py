@@ -41,6 +41,7 @@ from urllib.parse import unquote
 
 from connectors.delta_log import _CHECKPOINT, _COMMIT, DeltaLog
 from connectors.storage import LocalStorage, Storage, for_uri, join
+from pipeline.modes import RefreshMode
 
 if TYPE_CHECKING:
     from pipeline.api import StreamTables
@@ -137,7 +138,7 @@ def needed_versions(st: StreamTables) -> tuple[dict[str, int], dict[str, int]]:
             for key, version in (frontier or {}).items():
                 if key in d.sources:
                     need(d.sources[key].path, int(version))
-        if d.refresh_mode == "IMMEDIATE":
+        if d.refresh_mode == RefreshMode.IMMEDIATE:
             for path, version in streaming_offsets(st, d).items():
                 need(path, version)
     return needed, own

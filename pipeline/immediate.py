@@ -18,17 +18,18 @@ from connectors.delta_log import DeltaLog
 from pipeline.errors import CatalogError
 
 if TYPE_CHECKING:
-    from pipeline.api import StreamTables
+    from pipeline.catalog import Catalog
+    from pipeline.refresh import Refresher
 
 
-def start_immediate(st: StreamTables, name: str, trigger_seconds: float = 0.5,
-                    follow: set[str] | None = None) -> Any:
+def start_immediate(spark: Any, catalog: Catalog, refresher: Refresher, name: str,
+                    trigger_seconds: float = 0.5, follow: set[str] | None = None) -> Any:
     """Start the table's streaming query over the change feeds of its sources, or of ``follow`` only (the
-    others are refreshed for it by the fused path, see :mod:`pipeline.fused`); None when it follows none."""
-    d = st.catalog.get(name)
+    others are refreshed for it by the fused path, see :mod:`pipeline.fused`); None when it follows none.
+    Each micro-batch runs ``refresher.refresh(name)``."""
+    d = catalog.get(name)
     if d.full_reason is not None:
         raise CatalogError(f"stream table {name} cannot run in IMMEDIATE mode: {d.full_reason}")
-    spark = st.spark
     committed = DeltaLog(spark, d.path).last_trickle_commit()
     frontier = {k: int(v) for k, v in committed[1].get("frontier", {}).items()} if committed else {}
     streams = []
@@ -50,7 +51,7 @@ def start_immediate(st: StreamTables, name: str, trigger_seconds: float = 0.5,
         streams.append(reader.load(src.path).selectExpr(f"'{key}' AS source", "_commit_version"))
     if not streams:
         return None
-    fresh_checkpoint(st.catalog.checkpoint_path(name),
+    fresh_checkpoint(catalog.checkpoint_path(name),
                      {k: s.path for k, s in d.sources.items() if follow is None or k in follow})
     union = streams[0]
     for s in streams[1:]:
@@ -58,10 +59,10 @@ def start_immediate(st: StreamTables, name: str, trigger_seconds: float = 0.5,
 
     def apply(batch: Any, batch_id: int) -> None:
         # whole commits are read by the refresh itself, from the frontier up to the latest versions
-        st.refresher.refresh(name)
+        refresher.refresh(name)
 
     return (union.writeStream.foreachBatch(apply).queryName(f"trickle_{name}")
-            .option("checkpointLocation", st.catalog.checkpoint_path(name))
+            .option("checkpointLocation", catalog.checkpoint_path(name))
             .trigger(processingTime=f"{trigger_seconds} seconds").start())
 
 

@@ -60,7 +60,8 @@ from collections.abc import Callable
 from typing import Any
 
 from connectors import delta_rs
-from connectors.delta_log import DeltaLog, _local
+from connectors.delta_log import DeltaLog
+from connectors.storage import local_path
 from dvm import PREV, Context, Fixpoint, key_filter
 from pipeline import spark_types
 from pipeline.errors import RefreshError
@@ -746,7 +747,7 @@ class LocalEngine:
     def _check_readable(self, path: str, versions: tuple[int, ...]) -> dict[str, Any]:
         from pipeline.fixpoints import _read_like_spark
 
-        if _local(path) is None:
+        if local_path(path) is None:
             raise Unsupported(f"{path} is not on a local file system")
         log = DeltaLog(self.spark, path)
         schemas = set()

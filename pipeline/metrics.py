@@ -29,12 +29,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pipeline.modes import RefreshAction, TableStatus
 from pipeline.monitor import action_of
 
 #: refresh-time buckets, seconds: NO_DATA takes milliseconds, a FULL refresh of a big table minutes
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
                     600.0, 1800.0)
-STATUSES = ("ACTIVE", "SUSPENDED", "ERROR")
+STATUSES = tuple(TableStatus)
 
 
 class Metrics:
@@ -87,7 +88,7 @@ class Metrics:
                 continue
             table = str(rec.get("name"))
             self.refreshes.labels(table, action).inc()
-            if action == "ERROR":
+            if action == RefreshAction.ERROR:
                 self.errors.labels(table).inc()
                 continue
             self.refresh_duration.labels(table, action).observe(float(rec.get("duration_ms") or 0.0) / 1000)

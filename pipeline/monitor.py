@@ -36,6 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.modes import REFRESH_ACTIONS, WRITING_ACTIONS, RecordStatus, RefreshAction
+
 #: refresh counts by action cover this many seconds back
 COUNT_WINDOW_S = 3600.0
 #: p95 is taken over at most this many of the newest refreshes that did work (not NO_DATA)
@@ -43,8 +45,7 @@ P95_SAMPLE = 100
 #: how many commits after a frontier version are read to find one that changed data
 SCAN_COMMITS = 50
 #: history records that are refreshes, and the name errors are counted under
-REFRESH_ACTIONS = ("NO_DATA", "DIFFERENTIAL", "FULL", "REINITIALIZE")
-ERROR_ACTION = "ERROR"
+ERROR_ACTION = RefreshAction.ERROR
 
 
 # ------------------------------------------------------------------------------------------- staleness
@@ -158,9 +159,9 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def action_of(record: Mapping[str, Any]) -> str | None:
     """The refresh action of a history record, ``ERROR`` for a failed refresh, None for scheduler notes
     (RETRY, SKIPPED, status changes), which are decisions, not refreshes."""
-    if record.get("status") == "ERROR" and not record.get("action"):
+    if record.get("status") == RecordStatus.ERROR and not record.get("action"):
         return ERROR_ACTION
-    if record.get("status") == "OK" and record.get("action") in REFRESH_ACTIONS:
+    if record.get("status") == RecordStatus.OK and record.get("action") in REFRESH_ACTIONS:
         return str(record["action"])
     return None
 
@@ -180,7 +181,7 @@ class HistoryStats:
 def history_stats(records: Iterable[Mapping[str, Any]], now: float, window_s: float = COUNT_WINDOW_S) -> HistoryStats:
     """:class:`HistoryStats` of history records in any order."""
     recs = sorted(records, key=lambda r: float(r.get("started_at") or 0.0), reverse=True)
-    worked = [r for r in recs if action_of(r) in ("DIFFERENTIAL", "FULL", "REINITIALIZE")]
+    worked = [r for r in recs if action_of(r) in WRITING_ACTIONS]
     durations = [float(r.get("duration_ms") or 0.0) for r in worked[:P95_SAMPLE]]
     counts: Counter[str] = Counter()
     for r in recs:
@@ -340,8 +341,8 @@ def table_row(spark: Any, catalog: Any, d: Any, now: float, history: bool = True
 
 
 def _short(action: str) -> str:
-    return {"NO_DATA": "nodata", "DIFFERENTIAL": "diff", "FULL": "full", "REINITIALIZE": "reinit",
-            "ERROR": "error"}.get(action, action.lower())
+    return {RefreshAction.NO_DATA: "nodata", RefreshAction.DIFFERENTIAL: "diff", RefreshAction.FULL: "full",
+            RefreshAction.REINITIALIZE: "reinit", RefreshAction.ERROR: "error"}.get(action, action.lower())
 
 
 def status_rows(spark: Any, catalog: Any, now: float | None = None) -> list[dict[str, Any]]:

@@ -46,6 +46,7 @@ from pipeline import fixpoints, history, local_engine, plain_rows, source_schema
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.decision import decide
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
+from pipeline.modes import RefreshAction, RefreshMode, TableStatus
 from pipeline.session_conf import ConfReads
 
 
@@ -345,8 +346,8 @@ class Refresher:
         moved = pre != post or bool(replaced) or d.reinitialize is not None
         verdict = self._schema_verdict(d, windows) if pre is not None and moved else None
         decision = decide(d, pre, windows, replaced, verdict, self.is_strict())
-        if decision.action == "NO_DATA":
-            result = RefreshResult(d.name, "NO_DATA", decision.reason, duration_ms=(time.perf_counter() - t0) * 1000,
+        if decision.action == RefreshAction.NO_DATA:
+            result = RefreshResult(d.name, RefreshAction.NO_DATA, decision.reason, duration_ms=(time.perf_counter() - t0) * 1000,
                                    frontier=post, refresh_id=d.last_refresh_id, recovered=recovered)
             history.write(self.catalog, history.no_data(d.name, result.reason, started, result.duration_ms, post))
             return result
@@ -359,7 +360,7 @@ class Refresher:
         counts: dict[str, int] | None
         learn_t0 = t0  # where the time AUTO's cost model learns from starts
         dear: float | None = None  # AUTO's budget, when it cancelled the delta
-        if action == "DIFFERENTIAL":
+        if action == RefreshAction.DIFFERENTIAL:
             limit = self._auto_budget(d)
             over = threading.Event()
             try:
@@ -372,7 +373,7 @@ class Refresher:
             except Exception as e:  # noqa: BLE001 - decide below whether a FULL may replace it
                 if over.is_set():  # AUTO's budget: a FULL at the same frontier replaces whatever it did
                     dear = limit
-                    action = "FULL"
+                    action = RefreshAction.FULL
                     reason = (f"{reason}; the DIFFERENTIAL refresh was cancelled after {limit:.0f} s (AUTO's "
                               f"budget, {strategy.AUTO_BUDGET}), recomputed instead")
                     record["action"] = action
@@ -381,26 +382,26 @@ class Refresher:
                 else:
                     gone = _history_gone(e, d, pre, post)  # type: ignore[arg-type]
                     unreadable = isinstance(e, delta_errors.ChangesUnreadable)
-                    if gone is None and not (d.refresh_mode == "AUTO" and unreadable):
+                    if gone is None and not (d.refresh_mode == RefreshMode.AUTO and unreadable):
                         raise
                     why = gone or f"change feed unreadable for the window ({_first_line(e)})"
-                    if d.refresh_mode != "AUTO" or self.is_strict():
-                        mode = "strict mode" if d.refresh_mode == "AUTO" else f"refresh_mode={d.refresh_mode}"
+                    if d.refresh_mode != RefreshMode.AUTO or self.is_strict():
+                        mode = "strict mode" if d.refresh_mode == RefreshMode.AUTO else f"refresh_mode={d.refresh_mode}"
                         raise SourceChangedError(
                             f"stream table {d.name}: {why}; {mode} does not fall back to FULL. To recompute it once, "
                             f"alter it to refresh_mode='AUTO' (its next refresh falls back to FULL) or 'FULL', "
                             "refresh, and set the mode back; to keep the history longer, VACUUM the source with a "
                             "RETAIN longer than the refresh interval") from e
-                    action, reason = "FULL", f"{why}; recomputed at the post frontier"
+                    action, reason = RefreshAction.FULL, f"{why}; recomputed at the post frontier"
                     record["action"] = action
                     counts = self._full(d, post, record, committed.version, windows)
         else:
             counts = self._full(d, post, record, committed.version, windows,
-                                check_output=bool(replaced) or action == "REINITIALIZE")
+                                check_output=bool(replaced) or action == RefreshAction.REINITIALIZE)
         self.after_commit(d.name)
         committed_nothing = counts is None
         counts = counts or {"inserted": 0, "updated": 0, "deleted": 0}
-        if action == "DIFFERENTIAL" and record.get("notes"):
+        if action == RefreshAction.DIFFERENTIAL and record.get("notes"):
             reason = f"{reason}; {'; '.join(record['notes'])}"
         if committed_nothing:
             reason = f"{reason}; the delta changed no row, so nothing was committed"
@@ -422,7 +423,7 @@ class Refresher:
     def _auto_budget(self, d: StreamTableDef) -> float | None:
         """How long an AUTO table's DIFFERENTIAL refresh may run (see :func:`strategy.budget`); None for the
         other modes and in strict mode, which never fall back."""
-        if d.refresh_mode != "AUTO" or self.is_strict():
+        if d.refresh_mode != RefreshMode.AUTO or self.is_strict():
             return None
         return strategy.budget(strategy.CostModel.from_dict(d.cost_model), self.conf.get(strategy.AUTO_BUDGET, None))
 
@@ -433,7 +434,7 @@ class Refresher:
         fresh = self.catalog.get(d.name)
         model = strategy.CostModel.from_dict(fresh.cost_model)
         cost = max(seconds, strategy.RETRY_BELOW_FULLS * (model.full_s or 0.0))
-        fresh.cost_model = model.learn("DIFFERENTIAL", ratio if ratio is not None else 0.0, cost).to_dict()
+        fresh.cost_model = model.learn(RefreshAction.DIFFERENTIAL, ratio if ratio is not None else 0.0, cost).to_dict()
         self.catalog.put(fresh)
 
     def _schema_verdict(self, d: StreamTableDef, windows: dict[str, SourceWindow]) -> source_schema.Verdict:
@@ -858,8 +859,8 @@ class Refresher:
         fresh.last_error = None
         if d.reinitialize is not None and fresh.maintained_query == d.maintained_query:
             fresh.reinitialize = None  # this refresh replaced the contents by the current definition's
-        if fresh.status == "ERROR":
-            fresh.status = "ACTIVE"
+        if fresh.status == TableStatus.ERROR:
+            fresh.status = TableStatus.ACTIVE
         self.catalog.put(fresh)
 
     def _record_error(self, d: StreamTableDef, started: float, t0: float, e: BaseException) -> None:
@@ -870,8 +871,8 @@ class Refresher:
         history.write(self.catalog, history.failed(d.name, started, (time.perf_counter() - t0) * 1000, e))
         fresh.consecutive_errors += 1
         fresh.last_error = _first_line(e)
-        if isinstance(e, SourceChangedError) and fresh.status == "ACTIVE":
-            fresh.status = "ERROR"  # retrying cannot help: stop scheduling it until a user acts
+        if isinstance(e, SourceChangedError) and fresh.status == TableStatus.ACTIVE:
+            fresh.status = TableStatus.ERROR  # retrying cannot help: stop scheduling it until a user acts
         self.catalog.put(fresh)
 
 

@@ -40,6 +40,7 @@ from connectors.storage import for_uri, location
 from pipeline import conf_reload, fused, history
 from pipeline.errors import ConfigError, SourceError
 from pipeline.fused_lanes import RefreshLanes
+from pipeline.modes import RecordStatus, RefreshAction, RefreshMode, TableStatus
 
 if TYPE_CHECKING:
     from pipeline.api import StreamTables
@@ -388,7 +389,8 @@ class Runtime:
         tables created from the CLI while running; see :mod:`pipeline.fused`); dropped, suspended or re-moded
         ones lose it, and one whose followed sources changed gets a new one."""
         want = {str(r["name"]) for r in status
-                if r.get("refresh_mode") == "IMMEDIATE" and r.get("status", "ACTIVE") == "ACTIVE"}
+                if r.get("refresh_mode") == RefreshMode.IMMEDIATE
+                and r.get("status", TableStatus.ACTIVE) == TableStatus.ACTIVE}
         defs = {d.name: d for d in self.st.catalog.all()}
         pushed = fused.pushed_sources(defs.values(), self._sources)
         for name in sorted(want):
@@ -458,7 +460,7 @@ class Runtime:
         self.log.error(f"source {source}: {problem}")
 
     def _fused_done(self, name: str, result: Any, why: str) -> None:
-        if result.action != "NO_DATA":
+        if result.action != RefreshAction.NO_DATA:
             self.log.refresh(result, note=self._stale_note(result))
 
     def _fused_failed(self, name: str, error: BaseException, why: str, failures: int, retry_in: float) -> None:
@@ -644,15 +646,15 @@ class Runtime:
         name = str(fields.get("name", ""))
         try:
             if event == "refresh_failed":
-                self._history(name, "RETRY", f"attempt {fields.get('consecutive_errors')} failed; retry in "
-                              f"{float(fields.get('retry_in') or 0):.1f} s (exponential back-off)",
+                self._history(name, RecordStatus.RETRY, f"attempt {fields.get('consecutive_errors')} failed; "
+                              f"retry in {float(fields.get('retry_in') or 0):.1f} s (exponential back-off)",
                               error=fields.get("error"), retry_at=fields.get("retry_at"))
             elif event == "skipped":
-                self._history(name, "SKIPPED", str(fields.get("reason")), action="SKIP",
-                              retry_at=fields.get("next_attempt"))
+                self._history(name, RecordStatus.SKIPPED, str(fields.get("reason")),
+                              action=RefreshAction.SKIP, retry_at=fields.get("next_attempt"))
             elif event == "invalid_schedule":
-                self._history(name, "SKIPPED", f"schedule {fields.get('schedule')!r} cannot be used: "
-                              f"{fields.get('error')}", action="SKIP")
+                self._history(name, RecordStatus.SKIPPED, f"schedule {fields.get('schedule')!r} cannot be "
+                              f"used: {fields.get('error')}", action=RefreshAction.SKIP)
             elif event == "table_changed" and "status" in fields:
                 old, new = fields["status"]
                 self._history(name, str(new), f"status changed from {old} to {new}")

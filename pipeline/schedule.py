@@ -10,6 +10,7 @@ from functools import lru_cache
 
 from pipeline.errors import CatalogError
 
+CALCULATED = "CALCULATED"
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
 
@@ -22,31 +23,53 @@ def parse_duration(text: str) -> int | None:
     return ((d * 24 + h) * 60 + mi) * 60 + s
 
 
-def validate_schedule(schedule: str | None) -> str | None:
-    """Return the normalised schedule or raise a CatalogError saying which forms are accepted."""
-    if schedule is None:
-        return None
-    text = str(schedule).strip()
-    if text.upper() == "CALCULATED":
-        return "CALCULATED"
+#: the ``@`` forms of cron that croniter and the scheduler both understand
+CRON_NICKNAMES = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@annually", "@midnight")
+#: what an error about a schedule lists: every form :func:`normalize_schedule` accepts
+SCHEDULE_FORMS = (
+    "a positive duration like 30s, 5m, 1h30m or 2d; a cron expression with 5 or 6 fields like "
+    f"'*/5 * * * *' or one of {', '.join(CRON_NICKNAMES)}; or CALCULATED"
+)
+
+
+def normalize_schedule(value: object) -> str:
+    """The one schedule grammar, shared by the API (:func:`validate_schedule`) and the conf file: the
+    normalised schedule (durations lower case, ``CALCULATED`` upper case, cron as written with single spaces),
+    or ValueError. Cron has 5 or 6 fields: croniter also accepts 7 (a year), which the scheduler does not."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"invalid schedule {value!r}")
+    text = " ".join(value.split())
+    if text.upper() == CALCULATED:
+        return CALCULATED
     secs = parse_duration(text)
     if secs is not None:
         if secs <= 0:
-            raise CatalogError(f"invalid schedule {schedule!r}: a duration must be positive")
+            raise ValueError(f"invalid schedule {value!r}: a duration must be positive")
         return text.lower()
+    if text.startswith("@"):
+        if text.lower() in CRON_NICKNAMES:
+            return text.lower()
+        raise ValueError(f"invalid schedule {value!r}")
     from croniter import croniter
 
-    if croniter.is_valid(text):
-        return text
-    raise CatalogError(
-        f"invalid schedule {schedule!r}: use a duration like '30s' or '1h30m', a cron expression like "
-        "'*/5 * * * *' or '@hourly', or 'CALCULATED'"
-    )
+    if len(text.split(" ")) not in (5, 6) or not croniter.is_valid(text):
+        raise ValueError(f"invalid schedule {value!r}")
+    return text
+
+
+def validate_schedule(schedule: str | None) -> str | None:
+    """Return the normalised schedule (None stays None) or raise a CatalogError saying which forms are
+    accepted."""
+    if schedule is None:
+        return None
+    try:
+        return normalize_schedule(schedule)
+    except ValueError:
+        raise CatalogError(f"invalid schedule {schedule!r}: use {SCHEDULE_FORMS}") from None
 
 
 # --- when is a schedule due -------------------------------------------------------------------------------
 
-CALCULATED = "CALCULATED"
 DEFAULT_SCHEDULE = "1m"
 # Cron intervals are compared from a fixed reference instant so that the answer (and so the CALCULATED
 # resolution) is the same in every process and on every run.
@@ -70,14 +93,22 @@ def next_due(schedule: str, last: float | None, now: float) -> float:
     """
     if last is None:
         return now
-    if is_calculated(schedule):
-        raise ValueError("CALCULATED has no due time of its own: resolve it with effective_schedules() first")
-    secs = parse_duration(schedule)
+    secs = _duration(schedule, "CALCULATED has no due time of its own: resolve it with effective_schedules() "
+                               "first")
     if secs is not None:
-        if secs <= 0:
-            raise ValueError(f"invalid schedule {schedule!r}: a duration must be positive")
         return last + secs
     return _cron_next(schedule.strip(), last)
+
+
+def _duration(schedule: str, if_calculated: str) -> int | None:
+    """The seconds of a duration schedule, None for cron; ValueError for CALCULATED (saying
+    ``if_calculated``) and for a duration that is not positive."""
+    if is_calculated(schedule):
+        raise ValueError(if_calculated)
+    secs = parse_duration(schedule)
+    if secs is not None and secs <= 0:
+        raise ValueError(f"invalid schedule {schedule!r}: a duration must be positive")
+    return secs
 
 
 def _cron_next(expr: str, after: float) -> float:
@@ -97,12 +128,8 @@ def schedule_interval(schedule: str) -> float:
 
     Used only to rank schedules by tightness; ValueError when ``schedule`` is neither form.
     """
-    if is_calculated(schedule):
-        raise ValueError("CALCULATED has no interval of its own")
-    secs = parse_duration(schedule)
+    secs = _duration(schedule, "CALCULATED has no interval of its own")
     if secs is not None:
-        if secs <= 0:
-            raise ValueError(f"invalid schedule {schedule!r}: a duration must be positive")
         return float(secs)
     t = _CRON_REFERENCE.timestamp()
     fires = []

@@ -42,6 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pipeline.modes import RefreshMode, TableStatus
 from pipeline.schedule import (
     DEFAULT_SCHEDULE,
     effective_schedules,
@@ -50,7 +51,7 @@ from pipeline.schedule import (
     schedule_interval,
 )
 
-ACTIVE, SUSPENDED, ERROR = "ACTIVE", "SUSPENDED", "ERROR"
+ACTIVE, SUSPENDED, ERROR = TableStatus.ACTIVE, TableStatus.SUSPENDED, TableStatus.ERROR
 
 _log = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ class Scheduler:
 
     def _declared(self, name: str, row: Mapping[str, Any]) -> str | None:
         """The schedule this scheduler should honour: None for IMMEDIATE and for unusable strings."""
-        if str(row.get("refresh_mode") or "").upper() == "IMMEDIATE":
+        if str(row.get("refresh_mode") or "").upper() == RefreshMode.IMMEDIATE:
             return None
         sched = row.get("schedule")
         if sched is None:

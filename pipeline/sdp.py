@@ -65,8 +65,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from connectors.storage import strip_file_scheme
 from pipeline import conf_reload
 from pipeline.errors import ConfigError, TrickleError, UnsupportedError
+from pipeline.modes import RefreshMode
 
 if TYPE_CHECKING:
     from pipeline.api import StreamTables
@@ -166,8 +168,7 @@ def spec_conf(path: Path) -> TrickleConf:
                           "(or set them to spark_catalog / default)")
     settings = {str(k): str(v) for k, v in spec.configuration.items()}
     warehouse = _path_value(path, "spark.sql.warehouse.dir", settings.get("spark.sql.warehouse.dir"))
-    storage = str(spec.storage)
-    storage = storage[len("file://"):] if storage.startswith("file://") else storage
+    storage = strip_file_scheme(str(spec.storage))
     checkpoints = _path_value(path, "storage", storage)
     return TrickleConf(path=path, spark=settings, warehouse=warehouse,
                        checkpoints=None if checkpoints is None else checkpoints / "trickle")
@@ -267,7 +268,7 @@ def _reads(query: str) -> list[str]:
 def _table_item(d: Dataset) -> dict[str, Any]:
     """A conf file's ``stream_tables`` entry for ``d``, so that the conf's checks apply unchanged."""
     if d.kind == "st":
-        return {"name": d.name, "query": d.query, "refresh_mode": "IMMEDIATE"}
+        return {"name": d.name, "query": d.query, "refresh_mode": RefreshMode.IMMEDIATE}
     settings = {k.lower(): v.strip("'\"") for k, v in _COMMENT_SETTING.findall(d.comment or "")}
     mode = d.properties.get(_MODE_PROP) or settings.get("refresh_mode")
     schedule = d.properties.get(_SCHEDULE_PROP) or _interval(d.properties.get(_TRIGGER_PROP)) \

@@ -28,6 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pipeline.modes import RefreshAction
+
+#: the two actions AUTO chooses between
+DIFFERENTIAL, FULL = RefreshAction.DIFFERENTIAL, RefreshAction.FULL
+
 #: Spark conf: collect the delta to the driver when the change feeds of the window total fewer bytes.
 COLLECT_BELOW = "trickle.apply.collectBelowBytes"
 #: Spark conf: a collected delta of at most this many rows is committed by delta-rs (when usable).
@@ -240,9 +245,9 @@ class CostModel:
         def avg(old: float | None, n: int, new: float) -> float:
             return new if old is None or n <= 1 else (1 - ALPHA) * old + ALPHA * new
 
-        if action in ("FULL", "REINITIALIZE"):
+        if action in (FULL, RefreshAction.REINITIALIZE):
             return replace(self, full_s=avg(self.full_s, self.full_n, seconds), full_n=self.full_n + 1)
-        if action != "DIFFERENTIAL" or ratio is None:
+        if action != DIFFERENTIAL or ratio is None:
             return self
         n = self.diff_n + 1
         if self.floor_s is None or self.diff_n <= 1 or ratio <= FLOOR_RATIO:
@@ -261,35 +266,35 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
     initial population is a cold one), the latter only for a window above the floor's change ratio, where a
     FULL can pay off."""
     if ratio is None:
-        return "DIFFERENTIAL", "source changes applied as a delta (change ratio unknown)"
+        return DIFFERENTIAL, "source changes applied as a delta (change ratio unknown)"
     if model.diff_n == 0 and ratio <= EXPLORE_BELOW:
-        return "DIFFERENTIAL", (f"source changes applied as a delta: {ratio:.1%} of the sources changed; no "
+        return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.1%} of the sources changed; no "
                                 "DIFFERENTIAL refresh of this table measured yet, so one is tried first")
     full_s = model.full_s
     if (model.diff_n == 1 and ratio <= EXPLORE_BELOW and model.floor_s is not None
             and (full_s is None or model.floor_s < RETRY_BELOW_FULLS * full_s)):
-        return "DIFFERENTIAL", (f"source changes applied as a delta: {ratio:.1%} of the sources changed; this "
+        return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.1%} of the sources changed; this "
                                 "table's only DIFFERENTIAL refresh so far was its first (a cold start), so a "
                                 "second one is measured")
     if model.full_n <= 1 and model.diff_n >= 1 and ratio > FLOOR_RATIO:
-        return "FULL", (f"FULL: {ratio:.1%} of the sources changed, and this table's only FULL refresh so far was "
+        return FULL, (f"FULL: {ratio:.1%} of the sources changed, and this table's only FULL refresh so far was "
                         "its initial population (a cold start): one is measured to learn what FULL costs")
     if (model.full_n == 1 and model.diff_n >= 2 and full_s is not None and model.floor_s is not None
             and model.floor_s >= COLD_FULL_SHARE * full_s):
-        return "FULL", (f"FULL: a DIFFERENTIAL refresh of this table costs ~{model.floor_s:.2f} s, near its only "
+        return FULL, (f"FULL: a DIFFERENTIAL refresh of this table costs ~{model.floor_s:.2f} s, near its only "
                         f"FULL refresh so far ({full_s:.2f} s, the initial population, a cold start): one is "
                         "measured to learn what FULL costs")
     threshold, how = model.threshold()
     dearer = model.floor_s is not None and full_s is not None and model.floor_s >= RETRY_BELOW_FULLS * full_s
     if (ratio > threshold and ratio <= EXPLORE_BELOW and not dearer
             and (model.full_n + model.diff_n) % REMEASURE_EVERY == 0):
-        return "DIFFERENTIAL", (f"source changes applied as a delta: {ratio:.2%} of the sources changed, above "
+        return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.2%} of the sources changed, above "
                                 f"this table's threshold {threshold:.1%} ({how}), but a DIFFERENTIAL refresh is "
                                 f"measured again once in {REMEASURE_EVERY} refreshes")
     if ratio > threshold:
-        return "FULL", (f"FULL: {ratio:.1%} of the sources changed, above this table's threshold "
+        return FULL, (f"FULL: {ratio:.1%} of the sources changed, above this table's threshold "
                         f"{threshold:.1%} ({how})")
-    return "DIFFERENTIAL", (f"source changes applied as a delta: {ratio:.2%} of the sources changed, below this "
+    return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.2%} of the sources changed, below this "
                             f"table's threshold {threshold:.1%} ({how})")
 
 

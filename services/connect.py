@@ -39,35 +39,30 @@ stdout/stderr), ``offsets.dat`` (source offsets: where Debezium resumes after a 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
 import re
 import shlex
-import signal
-import subprocess
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from services.kafka import (
     HOST,
-    LOG_TAIL_LINES,
     PROJECT_ROOT,
     KafkaServiceError,
-    _error_lines,
-    _free_ports,
     _java,
+    _jvm_diagnostics,
+    _log4j2_properties,
     _port_open,
-    _tail,
     ensure_maven_lib,
 )
+from services.process import ManagedProcess, free_ports
 
 if TYPE_CHECKING:
     from services.postgres import PostgresServer
@@ -210,7 +205,7 @@ def _properties(props: Mapping[str, str]) -> str:
     return "".join(f"{_escape_property(k, True)}={_escape_property(v, False)}\n" for k, v in props.items())
 
 
-class KafkaConnect:
+class KafkaConnect(ManagedProcess):
     """One Kafka Connect standalone worker running one connector, as a child process.
 
     ``start()`` returns once the REST API reports the connector and all its tasks ``RUNNING`` (for
@@ -224,6 +219,9 @@ class KafkaConnect:
     checks), 1-3 s to stop. A worker still running when the interpreter exits is killed by ``atexit``.
     """
 
+    start_timeout_s = 120.0
+    stop_timeout_s = 60.0  # SIGTERM: Connect stops the task and flushes its offsets
+
     def __init__(
         self,
         workdir: Path,
@@ -235,43 +233,23 @@ class KafkaConnect:
     ) -> None:
         if not connector.get("name") or not connector.get("connector.class"):
             raise ValueError("the connector config needs 'name' and 'connector.class'")
-        self.workdir = Path(workdir).resolve()
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        super().__init__(workdir)
         self.bootstrap = bootstrap
         self.connector: dict[str, str] = {k: _prop_value(v) for k, v in connector.items()}
         self.name: str = self.connector["name"]
         saved = self._saved_port()
-        self.rest_port: int = rest_port or saved or _free_ports(1)[0]
+        self.rest_port: int = rest_port or saved or free_ports(1)[0]
         self.rest_url = f"http://{HOST}:{self.rest_port}"
         self.offset_flush_interval_ms = offset_flush_interval_ms
         self.log_file = self.workdir / "connect.log"
         self.out_file = self.workdir / "connect.out"
         self.offsets_file = self.workdir / "offsets.dat"
-        self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0  # size of connect.log when the current run started: where its lines begin
-
-    # -- context manager ------------------------------------------------------------------------
-
-    def __enter__(self) -> KafkaConnect:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"KafkaConnect(connector={self.name!r}, rest={self.rest_url!r}, pid={self.pid})"
 
     # -- state ----------------------------------------------------------------------------------
-
-    @property
-    def pid(self) -> int | None:
-        """The JVM's process id while it runs (None before start and after stop/kill)."""
-        return self._proc.pid if self.is_running() else None
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def _saved_port(self) -> int | None:
         try:
@@ -300,25 +278,9 @@ class KafkaConnect:
         }
 
     def _log4j2_properties(self) -> str:
-        # Connect and Debezium log to a file in the workdir, never to the test run's console. The shutdown
-        # hook is off for the same reason as the broker's: Connect logs during its own shutdown hook.
-        log = str(self.log_file).replace("\\", "/")
-        return (
-            "status = warn\n"
-            "shutdownHook = disable\n"
-            "appender.file.type = File\n"
-            "appender.file.name = FILE\n"
-            f"appender.file.fileName = {log}\n"
-            "appender.file.layout.type = PatternLayout\n"
-            "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
-            "rootLogger.level = INFO\n"
-            "rootLogger.appenderRef.file.ref = FILE\n"
-            # Every client and config object logs all its settings at INFO: pages per start, no insight.
-            "logger.config.name = org.apache.kafka.common.config.AbstractConfig\n"
-            "logger.config.level = WARN\n"
-            "logger.appinfo.name = org.apache.kafka.common.utils.AppInfoParser\n"
-            "logger.appinfo.level = WARN\n"
-        )
+        # Every client and config object logs all its settings at INFO: pages per start, no insight.
+        return _log4j2_properties(self.log_file, {"config": "org.apache.kafka.common.config.AbstractConfig",
+                                                  "appinfo": "org.apache.kafka.common.utils.AppInfoParser"})
 
     def _jvm_cmd(self, lib: Path, *args: str) -> list[str]:
         opts = [
@@ -339,32 +301,11 @@ class KafkaConnect:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 120) -> KafkaConnect:
-        """Start the worker and return once the connector and its tasks are RUNNING (idempotent while
-        running). A connector or task that FAILS, or a worker that exits, raises at once with Connect's
-        stack trace and the end of the log; on any failure the JVM is killed."""
-        if self.is_running():
-            return self
-        deadline = time.monotonic() + timeout_s
+    def _launch(self, deadline: float) -> None:
         lib = ensure_connect_jars()
         worker, connector = self._write_config(lib)
         self._log_offset = self.log_file.stat().st_size if self.log_file.is_file() else 0
-        with open(self.out_file, "ab") as out:  # the child keeps its own copy of the descriptor
-            self._proc = subprocess.Popen(
-                self._jvm_cmd(lib, str(worker), str(connector)),
-                cwd=self.workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: killpg reaches the whole worker
-            )
-        atexit.register(self._kill_at_exit)
-        try:
-            self._wait_running(deadline)
-        except BaseException:
-            self.kill()
-            raise
-        return self
+        self._spawn(self._jvm_cmd(lib, str(worker), str(connector)), cwd=self.workdir, output=self.out_file)
 
     def status(self) -> dict[str, Any]:
         """``GET /connectors/<name>/status``: ``{"connector": {"state": ...}, "tasks": [{"state": ...,
@@ -375,16 +316,12 @@ class KafkaConnect:
             body: dict[str, Any] = json.loads(resp.read())
         return body
 
-    def _wait_running(self, deadline: float) -> None:
+    def _wait_ready(self, deadline: float) -> None:
+        """Ready means the connector and its tasks are RUNNING. A connector or task that FAILS, or a worker
+        that exits, raises at once with Connect's stack trace and the end of the log."""
         last: str = "the REST API never answered"
         while True:
-            proc = self._proc
-            assert proc is not None
-            if proc.poll() is not None:
-                raise ConnectServiceError(
-                    f"the Kafka Connect worker exited with code {proc.returncode} during start-up.\n"
-                    + self._diagnostics()
-                )
+            self._check_alive(ConnectServiceError, "the Kafka Connect worker")
             if _port_open(self.rest_port):
                 try:
                     st = self.status()
@@ -443,45 +380,4 @@ class KafkaConnect:
             time.sleep(0.2)
 
     def _diagnostics(self) -> str:
-        errors = _error_lines(self.log_file)
-        text = f"--- first ERROR/FATAL lines of {self.log_file} ---\n{errors}" if errors else ""
-        text += f"--- last {LOG_TAIL_LINES} lines of {self.log_file} ---\n{_tail(self.log_file)}"
-        if self.out_file.is_file() and self.out_file.stat().st_size:
-            text += f"--- last lines of {self.out_file} (JVM stdout/stderr) ---\n{_tail(self.out_file)}"
-        return text
-
-    def stop(self, timeout_s: float = 60) -> None:
-        """Graceful shutdown (SIGTERM: Connect stops the task and flushes its offsets); SIGKILL if it
-        hangs. Idempotent."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
-                proc.wait()
-        self._forget()
-
-    def kill(self) -> None:
-        """``kill -9`` the worker, as a crash would: no offset flush, no clean task stop. Idempotent."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            self._signal(signal.SIGKILL)
-            proc.wait()
-        self._forget()
-
-    def _signal(self, sig: signal.Signals) -> None:
-        proc = self._proc
-        if proc is None or proc.poll() is not None:  # never signal a reaped pid: it may be reused
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-
-    def _forget(self) -> None:
-        self._proc = None
-        atexit.unregister(self._kill_at_exit)
-
-    def _kill_at_exit(self) -> None:
-        with contextlib.suppress(Exception):
-            self.kill()
+        return _jvm_diagnostics(self.log_file, self.out_file)

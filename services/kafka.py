@@ -21,7 +21,6 @@ for the readiness check and ``create_topic``.
 
 from __future__ import annotations
 
-import atexit
 import base64
 import contextlib
 import fcntl
@@ -30,16 +29,15 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import time
 import uuid
-from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
+
+from services.process import LOG_TAIL_LINES, ManagedProcess, free_ports, tail
 
 __all__ = ["KafkaBroker", "KafkaServiceError", "ensure_kafka_jars", "ensure_maven_lib"]
 
@@ -56,7 +54,6 @@ DEFAULT_HEAP_OPTS = "-Xmx512m -Xms256m"
 DEFAULT_JVM_PERFORMANCE_OPTS = (
     "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData -Djava.awt.headless=true"
 )
-LOG_TAIL_LINES = 40
 
 
 class KafkaServiceError(RuntimeError):
@@ -185,20 +182,6 @@ def _java() -> str:
     return java
 
 
-def _free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (all sockets held open together so they differ)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _port_open(port: int) -> bool:
     try:
         with socket.create_connection((HOST, port), timeout=0.5):
@@ -210,14 +193,6 @@ def _port_open(port: int) -> bool:
 def _new_cluster_id() -> str:
     """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (what `random-uuid` prints)."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-
-
-def _tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(deque(f, maxlen=n))
-    except OSError:
-        return f"(no {path.name})\n"
 
 
 def _error_lines(path: Path, n: int = 10) -> str:
@@ -241,7 +216,38 @@ def _error_lines(path: Path, n: int = 10) -> str:
     return "".join(found)
 
 
-class KafkaBroker:
+def _log4j2_properties(log_file: Path, quiet: Mapping[str, str]) -> str:
+    """A JVM service's log4j2 configuration: INFO to ``log_file`` in its workdir, never to the console of
+    the test run, and WARN only for the ``quiet`` loggers (id -> logger name). The shutdown hook is off
+    because Kafka and Connect log during their own shutdown hooks; with log4j's hook on, those last lines
+    are lost and log4j complains on stderr."""
+    log = str(log_file).replace("\\", "/")
+    return (
+        "status = warn\n"
+        "shutdownHook = disable\n"
+        "appender.file.type = File\n"
+        "appender.file.name = FILE\n"
+        f"appender.file.fileName = {log}\n"
+        "appender.file.layout.type = PatternLayout\n"
+        "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+        "rootLogger.level = INFO\n"
+        "rootLogger.appenderRef.file.ref = FILE\n"
+        + "".join(f"logger.{key}.name = {name}\nlogger.{key}.level = WARN\n" for key, name in quiet.items())
+    )
+
+
+def _jvm_diagnostics(log_file: Path, out_file: Path) -> str:
+    """What a JVM service's start-up error carries: the cause (say "Address already in use") usually
+    precedes a long shutdown sequence, so the first ERROR/FATAL lines come before the plain tail."""
+    errors = _error_lines(log_file)
+    text = f"--- first ERROR/FATAL lines of {log_file} ---\n{errors}" if errors else ""
+    text += f"--- last {LOG_TAIL_LINES} lines of {log_file} ---\n{tail(log_file)}"
+    if out_file.is_file() and out_file.stat().st_size:
+        text += f"--- last lines of {out_file} (JVM stdout/stderr) ---\n{tail(out_file)}"
+    return text
+
+
+class KafkaBroker(ManagedProcess):
     """One single-node Kafka broker (combined broker + KRaft controller) running as a child process.
 
     Use it as a context manager, or call ``start()`` / ``stop()``. The JVM runs in its own process group,
@@ -256,8 +262,7 @@ class KafkaBroker:
     """
 
     def __init__(self, workdir: Path, port: int | None = None, controller_port: int | None = None) -> None:
-        self.workdir = Path(workdir).resolve()
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        super().__init__(workdir)
         # Reuse the ports of an earlier run on this workdir: clients (and a demo's saved config) keep
         # working across restarts, and the KRaft voter record keeps its endpoint.
         saved = self._saved_ports()
@@ -265,7 +270,7 @@ class KafkaBroker:
         want_controller = controller_port if controller_port is not None else saved.get("controller_port")
         free: list[int] = []
         if want is None or want_controller is None:
-            free = [p for p in _free_ports(3) if p not in (want, want_controller)]
+            free = [p for p in free_ports(3) if p not in (want, want_controller)]
         self.port: int = want if want is not None else free.pop(0)
         self.controller_port: int = want_controller if want_controller is not None else free.pop(0)
         if self.port == self.controller_port:
@@ -274,31 +279,12 @@ class KafkaBroker:
         self.data_dir = self.workdir / "data"
         self.log_file = self.workdir / "broker.log"
         self.out_file = self.workdir / "broker.out"
-        self._proc: subprocess.Popen[bytes] | None = None
         self._admin: Any = None
-
-    # -- context manager ------------------------------------------------------------------------
-
-    def __enter__(self) -> KafkaBroker:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"KafkaBroker(bootstrap={self.bootstrap!r}, pid={self.pid}, workdir={str(self.workdir)!r})"
 
     # -- state ----------------------------------------------------------------------------------
-
-    @property
-    def pid(self) -> int | None:
-        """The JVM's process id while it runs (None before start and after stop/kill)."""
-        return self._proc.pid if self.is_running() else None
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def _saved_ports(self) -> dict[str, int]:
         try:
@@ -346,26 +332,9 @@ class KafkaBroker:
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def _log4j2_properties(self) -> str:
-        # The broker logs to a file in the workdir, never to the console of the test run. The shutdown
-        # hook is off because Kafka logs during its own shutdown hook; with log4j's hook on, those last
-        # lines are lost and log4j complains on stderr.
-        log = str(self.log_file).replace("\\", "/")
-        return (
-            "status = warn\n"
-            "shutdownHook = disable\n"
-            "appender.file.type = File\n"
-            "appender.file.name = FILE\n"
-            f"appender.file.fileName = {log}\n"
-            "appender.file.layout.type = PatternLayout\n"
-            "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
-            "rootLogger.level = INFO\n"
-            "rootLogger.appenderRef.file.ref = FILE\n"
-            # Per-request and state-change chatter is not useful when reading a failed test's log.
-            "logger.request.name = kafka.request.logger\n"
-            "logger.request.level = WARN\n"
-            "logger.state.name = state.change.logger\n"
-            "logger.state.level = WARN\n"
-        )
+        # Per-request and state-change chatter is not useful when reading a failed test's log.
+        return _log4j2_properties(self.log_file,
+                                  {"request": "kafka.request.logger", "state": "state.change.logger"})
 
     def _jvm_cmd(self, lib: Path, main: str, *args: str) -> list[str]:
         opts = [
@@ -411,52 +380,24 @@ class KafkaBroker:
         if proc.returncode != 0:
             raise KafkaServiceError(
                 f"formatting Kafka storage failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
-                f"--- last lines of {self.log_file.name} ---\n{_tail(self.log_file)}"
+                f"--- last lines of {self.log_file.name} ---\n{tail(self.log_file)}"
             )
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 60) -> KafkaBroker:
-        """Start the broker and return only once clients can use it (idempotent while running).
-
-        Ready means the PLAINTEXT port accepts connections AND a kafka-python admin client can list the
-        topics: the port opens a little before the broker serves metadata, and tests that start
-        producing at that moment would see spurious errors. On failure the JVM is killed and the error
-        carries the last lines of the broker log.
-        """
-        if self.is_running():
-            return self
-        deadline = time.monotonic() + timeout_s
+    def _launch(self, deadline: float) -> None:
         lib = ensure_kafka_jars()
         server_props = self._write_config()
         self._format_storage(lib, server_props, deadline - time.monotonic())
-        with open(self.out_file, "ab") as out:  # the child keeps its own copy of the descriptor
-            self._proc = subprocess.Popen(
-                self._jvm_cmd(lib, MAIN_CLASS, str(server_props)),
-                cwd=self.workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: killpg reaches the whole broker
-            )
-        atexit.register(self._kill_at_exit)
-        try:
-            self._wait_ready(deadline)
-        except BaseException:
-            self.kill()
-            raise
-        return self
+        self._spawn(self._jvm_cmd(lib, MAIN_CLASS, str(server_props)), cwd=self.workdir, output=self.out_file)
 
     def _wait_ready(self, deadline: float) -> None:
+        """Ready means the PLAINTEXT port accepts connections AND a kafka-python admin client can list the
+        topics: the port opens a little before the broker serves metadata, and tests that start
+        producing at that moment would see spurious errors."""
         last_error: BaseException | None = None
         while True:
-            proc = self._proc
-            assert proc is not None
-            if proc.poll() is not None:
-                raise KafkaServiceError(
-                    f"the Kafka broker exited with code {proc.returncode} during start-up.\n"
-                    + self._diagnostics()
-                )
+            self._check_alive(KafkaServiceError, "the Kafka broker")
             if _port_open(self.port):
                 try:
                     self.admin().list_topics()
@@ -473,53 +414,10 @@ class KafkaBroker:
             time.sleep(0.2)
 
     def _diagnostics(self) -> str:
-        # The cause (say "Address already in use") usually precedes a long shutdown sequence, so the
-        # first ERROR/FATAL lines come before the plain tail.
-        errors = _error_lines(self.log_file)
-        text = f"--- first ERROR/FATAL lines of {self.log_file} ---\n{errors}" if errors else ""
-        text += f"--- last {LOG_TAIL_LINES} lines of {self.log_file} ---\n{_tail(self.log_file)}"
-        if self.out_file.is_file() and self.out_file.stat().st_size:
-            text += f"--- last lines of {self.out_file} (JVM stdout/stderr) ---\n{_tail(self.out_file)}"
-        return text
+        return _jvm_diagnostics(self.log_file, self.out_file)
 
-    def stop(self, timeout_s: float = 30) -> None:
-        """Shut down cleanly (SIGTERM runs Kafka's shutdown hook); SIGKILL if it hangs. Idempotent."""
+    def _close_clients(self) -> None:
         self._close_admin()
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
-                proc.wait()
-        self._forget()
-
-    def kill(self) -> None:
-        """``kill -9`` the broker, as a crash would: no shutdown hook, no clean log close. Idempotent."""
-        self._close_admin()
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            self._signal(signal.SIGKILL)
-            proc.wait()
-        self._forget()
-
-    def _signal(self, sig: signal.Signals) -> None:
-        proc = self._proc
-        if proc is None or proc.poll() is not None:  # never signal a reaped pid: it may be reused
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def _forget(self) -> None:
-        self._proc = None
-        atexit.unregister(self._kill_at_exit)
-
-    def _kill_at_exit(self) -> None:
-        with contextlib.suppress(Exception):
-            self.kill()
 
     # -- clients --------------------------------------------------------------------------------
 

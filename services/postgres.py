@@ -39,15 +39,14 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import tempfile
 import time
-from collections import deque
 from pathlib import Path
-from types import TracebackType
 from typing import Any
+
+from services.process import LOG_TAIL_LINES, ManagedProcess, free_ports, tail
 
 __all__ = ["PostgresServer", "PostgresServiceError", "find_pg_bindir"]
 
@@ -55,7 +54,6 @@ HOST = "127.0.0.1"  # loopback only: never expose a trust-authenticated server
 SUPERUSER = "postgres"  # initdb -U: the same role name whoever runs the server
 OS_USER_ENV = "TRICKLE_PG_OS_USER"  # the system user to run as when we are root (default "postgres")
 BINDIR_ENV = "TRICKLE_PG_BINDIR"  # where initdb/postgres/psql live, when auto-detection is not wanted
-LOG_TAIL_LINES = 40
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux (104 on BSDs) including "/.s.PGSQL.<port>"
 # Small on purpose: a test cluster holds kilobytes and shares 2 cores with Spark and two JVMs.
 # wal_level=logical plus senders and slots are what Debezium needs. fsync and full_page_writes off only risk
@@ -131,20 +129,6 @@ def find_pg_bindir() -> Path:
 # ----------------------------------------------------------------------------------------- helpers
 
 
-def _tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(deque(f, maxlen=n))
-    except OSError:
-        return f"(no {path.name})\n"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 def _clean_env() -> dict[str, str]:
     """The environment minus libpq's PG* variables: a developer's PGHOST/PGPORT/PGOPTIONS/PGDATA must not
     redirect or reconfigure what the harness runs (every program gets explicit -D/-h/-p/-U/-d)."""
@@ -202,7 +186,7 @@ class _OsUser:
 # -------------------------------------------------------------------------------------------- server
 
 
-class PostgresServer:
+class PostgresServer(ManagedProcess):
     """One PostgreSQL cluster running as a child process, listening on ``127.0.0.1:<port>``.
 
     Use it as a context manager, or call ``start()`` / ``stop()``. The postmaster runs in its own process
@@ -218,10 +202,9 @@ class PostgresServer:
     """
 
     def __init__(self, workdir: Path, port: int | None = None, database: str = "postgres") -> None:
-        self.workdir = Path(workdir).resolve()
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        super().__init__(workdir)
         saved = self._saved_state()
-        self.port: int = port if port is not None else int(saved.get("port") or _free_port())
+        self.port: int = port if port is not None else int(saved.get("port") or free_ports(1)[0])
         self.database = database
         self.user = SUPERUSER
         self.log_file = self.workdir / "postgres.log"
@@ -231,17 +214,6 @@ class PostgresServer:
         )
         self._external: Path | None = None  # the temp-dir cluster when the OS user cannot reach the workdir
         self.data_dir = self._choose_data_dir(saved.get("data_dir"))
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    # -- context manager ------------------------------------------------------------------------
-
-    def __enter__(self) -> PostgresServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"PostgresServer(dsn={self.dsn!r}, pid={self.pid}, workdir={str(self.workdir)!r})"
@@ -260,14 +232,6 @@ class PostgresServer:
     @property
     def jdbc_url(self) -> str:
         return f"jdbc:postgresql://{HOST}:{self.port}/{self.database}"
-
-    @property
-    def pid(self) -> int | None:
-        """The postmaster's process id while it runs (None before start and after stop/kill)."""
-        return self._proc.pid if self.is_running() else None
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def _saved_state(self) -> dict[str, Any]:
         try:
@@ -360,10 +324,10 @@ class PostgresServer:
                     **self._user_kwargs(),
                 )
         except subprocess.TimeoutExpired as e:
-            raise PostgresServiceError(f"initdb of {self.data_dir} timed out.\n{_tail(log)}") from e
+            raise PostgresServiceError(f"initdb of {self.data_dir} timed out.\n{tail(log)}") from e
         if proc.returncode != 0:
             raise PostgresServiceError(
-                f"initdb of {self.data_dir} failed (exit {proc.returncode}):\n--- {log} ---\n{_tail(log)}"
+                f"initdb of {self.data_dir} failed (exit {proc.returncode}):\n--- {log} ---\n{tail(log)}"
             )
         # Trust for everything, normal and replication, but only from the loopback address / the socket.
         (self.data_dir / "pg_hba.conf").write_text(
@@ -381,45 +345,23 @@ class PostgresServer:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 60) -> PostgresServer:
-        """Start the server and return once it accepts connections and ``database`` exists (idempotent
-        while running). On failure the server is killed and the error carries the end of its log."""
-        if self.is_running():
-            return self
-        deadline = time.monotonic() + timeout_s
-        self._initdb(timeout_s)
+    def _launch(self, deadline: float) -> None:
+        self._initdb(deadline - time.monotonic())
         self._write_config()
-        with open(self.log_file, "ab") as out:  # the child keeps its own copy of the descriptor
-            self._proc = subprocess.Popen(
-                [str(self.bindir / "postgres"), "-D", str(self.data_dir)],
-                cwd=self.data_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=_clean_env(),
-                start_new_session=True,  # own process group: killpg reaches every backend
-                **self._user_kwargs(),
-            )
-        atexit.register(self._kill_at_exit)
-        try:
-            self._wait_ready(deadline)
-            if self.database != "postgres":
-                self.create_database(self.database, exist_ok=True)
-        except BaseException:
-            self.kill()
-            raise
-        return self
+        self._spawn([str(self.bindir / "postgres"), "-D", str(self.data_dir)], cwd=self.data_dir,
+                    output=self.log_file, env=_clean_env(), **self._user_kwargs())
 
     def _wait_ready(self, deadline: float) -> None:
+        """Ready means the server accepts connections and ``database`` exists."""
+        self._wait_accepting(deadline)
+        if self.database != "postgres":
+            self.create_database(self.database, exist_ok=True)
+
+    def _wait_accepting(self, deadline: float) -> None:
         isready = [str(self.bindir / "pg_isready"), "-q", "-h", HOST, "-p", str(self.port), "-U", self.user,
                    "-d", "postgres"]
         while True:
-            proc = self._proc
-            assert proc is not None
-            if proc.poll() is not None:
-                raise PostgresServiceError(
-                    f"PostgreSQL exited with code {proc.returncode} during start-up.\n{self._diagnostics()}"
-                )
+            self._check_alive(PostgresServiceError, "PostgreSQL")
             with contextlib.suppress(subprocess.TimeoutExpired):
                 r = subprocess.run(isready + ["-t", "2"], env=_clean_env(), capture_output=True, timeout=5)
                 if r.returncode == 0:
@@ -431,33 +373,21 @@ class PostgresServer:
             time.sleep(0.1)
 
     def _diagnostics(self) -> str:
-        return f"--- last {LOG_TAIL_LINES} lines of {self.log_file} ---\n{_tail(self.log_file)}"
+        return f"--- last {LOG_TAIL_LINES} lines of {self.log_file} ---\n{tail(self.log_file)}"
 
-    def stop(self, timeout_s: float = 30) -> None:
-        """Fast shutdown (SIGINT: abort open transactions, checkpoint, exit); immediate shutdown (SIGQUIT)
-        and then SIGKILL if it hangs. Idempotent. Replication clients (Debezium) are disconnected."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGINT)  # the postmaster alone: it shuts its children down
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self._signal_group(signal.SIGQUIT)
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self._signal_group(signal.SIGKILL)
-                    proc.wait()
-        self._forget()
+    def _request_stop(self, proc: subprocess.Popen[bytes]) -> None:
+        """Fast shutdown (SIGINT: abort open transactions, checkpoint, exit). Replication clients
+        (Debezium) are disconnected."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGINT)  # the postmaster alone: it shuts its children down
 
-    def kill(self) -> None:
-        """``kill -9`` the postmaster and every backend, as a crash would. Idempotent."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            self._signal_group(signal.SIGKILL)
-            proc.wait()
-        self._forget()
+    def _force_stop(self, proc: subprocess.Popen[bytes]) -> None:
+        """Immediate shutdown (SIGQUIT), and then SIGKILL if that hangs too."""
+        self._signal_group(signal.SIGQUIT)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            super()._force_stop(proc)
 
     def destroy(self) -> None:
         """Stop the server and delete the cluster (wherever it lives): for fixtures' teardown."""
@@ -469,21 +399,6 @@ class PostgresServer:
         self._external = None
         with contextlib.suppress(OSError):
             (self.workdir / "postgres.json").unlink()
-
-    def _signal_group(self, sig: signal.Signals) -> None:
-        proc = self._proc
-        if proc is None or proc.poll() is not None:  # never signal a reaped pid: it may be reused
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-
-    def _forget(self) -> None:
-        self._proc = None
-        atexit.unregister(self._kill_at_exit)
-
-    def _kill_at_exit(self) -> None:
-        with contextlib.suppress(Exception):
-            self.kill()
 
     def _remove_external_at_exit(self) -> None:
         with contextlib.suppress(Exception):

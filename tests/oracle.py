@@ -783,6 +783,25 @@ def check_many(
     return failures
 
 
+def check_steps_differential(spark: SparkSession, st: Any, src: str, queries: Mapping[str, str],
+                             expected: Mapping[str, str], steps: Sequence[tuple[str, str]]) -> None:
+    """Create each of ``queries`` (name -> SQL) as a DIFFERENTIAL stream table; then run each step's
+    statement (``{src}`` filled in) and refresh them all, three at a time. Every refresh must be
+    DIFFERENTIAL, and every table must equal its ``expected`` query after create and after each step."""
+    for name, q in queries.items():
+        st.create_stream_table(name, q, refresh_mode="DIFFERENTIAL")
+    failures = check_many(spark, st, expected, "after create")
+    assert not failures, "\n\n".join(failures.values())
+    for what, statement in steps:
+        spark.sql(statement.format(src=src))
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            results = dict(zip(queries, pool.map(st.refresh_stream_table, queries), strict=True))
+        wrong = {n: (r.action, r.reason) for n, r in results.items() if r.action != "DIFFERENTIAL"}
+        assert not wrong, f"{what}: refreshes not DIFFERENTIAL: {wrong}"
+        failures = check_many(spark, st, expected, what)
+        assert not failures, "\n\n".join(failures.values())
+
+
 def assert_matches(spark: SparkSession, st: Any, name: str, query: str, context: str = "") -> None:
     """Assert ``st.read(name)`` equals ``spark.sql(query)`` as a multiset (floats to ~6 digits)."""
     failures = check_many(spark, st, {name: query}, context)

@@ -7,6 +7,7 @@ import os
 import shutil
 from typing import Any
 
+from connectors.storage import local_path
 from pipeline import fixpoints
 from tests.conftest import local_engine_mode
 
@@ -187,7 +188,7 @@ def test_commits_go_through_the_table_committed_before_only_while_it_is_that_tab
         return sorted(tuple(r) for r in spark.sql(f"SELECT * FROM delta.`{path}`").collect())
 
     def kept() -> Any:
-        return delta_rs._WRITERS.get(os.path.abspath(delta_rs._local(path) or path), (None, None))[1]
+        return delta_rs._WRITERS.get(os.path.abspath(local_path(path) or path), (None, None))[1]
 
     _merge(path, 1, [(1, "a2", False), (3, "c", False)])  # version 2
     first = kept()
@@ -200,7 +201,7 @@ def test_commits_go_through_the_table_committed_before_only_while_it_is_that_tab
     assert kept() is not first and rows() == [(1, "a2"), (3, "c"), (4, "d2")]
     second = kept()
     spark.sql(f"DROP TABLE {name}")
-    shutil.rmtree(delta_rs._local(path) or path, ignore_errors=True)  # a managed table leaves nothing
+    shutil.rmtree(local_path(path) or path, ignore_errors=True)  # a managed table leaves nothing
     spark.sql(create.replace("USING delta", f"USING delta LOCATION '{path}'"))
     for i in range(5):  # versions 1-5 again, other rows
         spark.sql(f"INSERT INTO {name} VALUES ({10 + i}, 'n')")
@@ -220,13 +221,12 @@ def test_the_protocol_of_a_table_delta_rs_kept_committing_to_is_found_in_its_che
     from deltalake import write_deltalake
 
     from connectors import delta_log
-    from connectors.delta_rs import _local
 
     name = unique_name("proto")
     spark.sql(f"CREATE TABLE {name} (i INT) USING delta TBLPROPERTIES (delta.enableChangeDataFeed = true, "
               "delta.checkpointInterval = 10)")
     path = _path(spark, name)
-    local = _local(path) or path
+    local = local_path(path) or path
     for i in range(60):
         write_deltalake(local, pa.table({"i": pa.array([i], pa.int32())}), mode="append")
     log = delta_log.DeltaLog(spark, path)

@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal as D
 from typing import Any
 
 from coverage_rows import Row
-from oracle import Col, Extreme, TableSpec, check_many, run_oracle
+from oracle import Col, Extreme, TableSpec, check_steps_differential, run_oracle
 
 CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 
@@ -252,18 +251,7 @@ def test_aggregate_corners_differential(
     src = make_source("corners", CORNER_COLUMNS, rows=CORNER_ROWS)
     names = {n: unique_name(n) for n in CORNER_QUERIES}
     queries = {names[n]: q.format(src=src) for n, q in CORNER_QUERIES.items()}
-    for name, q in queries.items():
-        st.create_stream_table(name, q, refresh_mode="DIFFERENTIAL")
-    failures = check_many(spark, st, queries, "after create")
-    assert not failures, "\n\n".join(failures.values())
-    for what, statement in CORNER_STEPS:
-        spark.sql(statement.format(src=src))
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            results = dict(zip(queries, pool.map(st.refresh_stream_table, queries), strict=True))
-        wrong = {n: (r.action, r.reason) for n, r in results.items() if r.action != "DIFFERENTIAL"}
-        assert not wrong, f"{what}: refreshes not DIFFERENTIAL: {wrong}"
-        failures = check_many(spark, st, queries, what)
-        assert not failures, "\n\n".join(failures.values())
+    check_steps_differential(spark, st, src, queries, queries, CORNER_STEPS)
     # compare_rows tolerates float noise; a DECIMAL average must match Spark's to the last digit
     g = names["c_global"]
     got = st.read(g).select("ad", "sd").collect()[0]

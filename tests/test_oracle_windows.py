@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from coverage_rows import Row
-from oracle import Col, Extreme, TableSpec, check_many, run_oracle
+from oracle import Col, Extreme, TableSpec, check_steps_differential, run_oracle
 
 CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 
@@ -175,18 +174,7 @@ def test_window_corners_differential(
     names = {n: unique_name(n) for n in CORNER_QUERIES}
     queries = {names[n]: q.format(src=src) for n, (q, _) in CORNER_QUERIES.items()}
     expected = {names[n]: e.format(src=src) for n, (_, e) in CORNER_QUERIES.items()}
-    for name, q in queries.items():
-        st.create_stream_table(name, q, refresh_mode="DIFFERENTIAL")
-    failures = check_many(spark, st, expected, "after create")
-    assert not failures, "\n\n".join(failures.values())
-    for what, statement in CORNER_STEPS:
-        spark.sql(statement.format(src=src))
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            results = dict(zip(queries, pool.map(st.refresh_stream_table, queries), strict=True))
-        wrong = {n: (r.action, r.reason) for n, r in results.items() if r.action != "DIFFERENTIAL"}
-        assert not wrong, f"{what}: refreshes not DIFFERENTIAL: {wrong}"
-        failures = check_many(spark, st, expected, what)
-        assert not failures, "\n\n".join(failures.values())
+    check_steps_differential(spark, st, src, queries, expected, CORNER_STEPS)
     # a TopK stream table holds exactly the top rows: never more than LIMIT
     assert st.read(names["c_top"]).count() == 3
 
