@@ -317,7 +317,12 @@ def _write_sql(st: StreamTables, table: str, path: str, text: str, mode: str) ->
         raise QueryError(f"write: expected a SELECT query or one INSERT / UPDATE / DELETE / MERGE statement, got "
                          f"{statement[:80]!r}")
     target = tree.this.this if isinstance(tree.this, exp.Schema) else tree.this
-    if not isinstance(target, exp.Table) or location(st, target.sql(dialect=SPARK)) != path:
-        raise QueryError(f"write: the statement writes {target.sql(dialect=SPARK) if target else '?'}, not "
-                         f"{table}: read-your-writes waits for the stream tables reading the table written")
+    name = "?"
+    if isinstance(target, exp.Table):
+        bare = target.copy()
+        bare.set("alias", None)  # MERGE INTO t AS x / UPDATE t x: the table's name only
+        name = bare.sql(dialect=SPARK)
+    if name == "?" or location(st, name) != path:
+        raise QueryError(f"write: the statement writes {name}, not {table}: read-your-writes waits for the "
+                         "stream tables reading the table written")
     st.spark.sql(statement)

@@ -22,7 +22,7 @@ def _path(spark: Any, table: str) -> str:
 
 def test_reader_never_sees_a_stream_table_behind_a_returned_write(spark: Any, st: Any, make_source: Any,
                                                                   unique_name: Any) -> None:
-    """A writer thread writes through ``st.write`` (a DataFrame, a SELECT, an UPDATE, a DELETE) while a
+    """A writer thread writes through ``st.write`` (a DataFrame, a SELECT, a MERGE, a DELETE) while a
     reader thread reads: every stream table the reader sees reflects at least the last write that had
     returned before it looked; a consistent read covers the source's latest version at call time, and holds
     the query's rows at the version it reflects. ``agg`` is maintained by its streaming query (the writer
@@ -45,7 +45,8 @@ def test_reader_never_sees_a_stream_table_behind_a_returned_write(spark: Any, st
     writes: list[Any] = [
         spark.createDataFrame([(4, "e", 7), (5, "n", 3)], "id INT, region STRING, amount INT"),
         f"SELECT id + 10 AS id, region, amount * 2 AS amount FROM {src} WHERE region = 's'",
-        f"UPDATE {src} SET amount = amount + 100 WHERE id = 1",
+        f"MERGE INTO {src} AS t USING (SELECT 1 AS id) AS s ON t.id = s.id "
+        "WHEN MATCHED THEN UPDATE SET amount = t.amount + 100",
         f"DELETE FROM {src} WHERE region = 'e'",
     ]
     acked = [-1]  # the source version of the last write that returned
