@@ -222,7 +222,8 @@ class DeltaLog:
     def _versions_back(self, upto: int | None = None) -> Iterator[int]:
         """Commit versions from ``upto`` (default: the latest) down to the oldest commit file still in the
         log, newest first, without listing it."""
-        v = self.latest_version() if upto is None else min(upto, self.latest_version() or -1)
+        latest = self.latest_version()
+        v = latest if upto is None else min(upto, -1 if latest is None else latest)  # version 0 is a version
         while v is not None and v >= 0 and self.actions(v):
             yield v
             v -= 1

@@ -4,6 +4,7 @@ from pipeline.api import RefreshResult, StreamTables
 from pipeline.errors import (
     CatalogError,
     ConfigError,
+    ConsistencyTimeout,
     QueryError,
     RefreshError,
     SourceChangedError,
@@ -25,4 +26,5 @@ __all__ = [
     "CatalogError",
     "RefreshError",
     "ConfigError",
+    "ConsistencyTimeout",
 ]

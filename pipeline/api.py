@@ -505,9 +505,17 @@ class StreamTables:
                          f"({how}); strict mode never chooses FULL by cost")
         return lines
 
-    def read(self, name: str) -> Any:
+    def read(self, name: str, consistent: bool = False, timeout: float = 60.0, refresh: bool | None = None) -> Any:
         """The stream table as users see it: its user columns (every layout stores the query's rows as they
-        are, duplicates as separate rows; only the hidden ``__`` columns are left out)."""
+        are, duplicates as separate rows; only the hidden ``__`` columns are left out).
+
+        ``consistent=True``: at a version reflecting every commit its base tables had when this was called,
+        waiting up to ``timeout`` seconds for it (``refresh``: who refreshes meanwhile, see
+        :mod:`pipeline.read_your_writes`)."""
+        if consistent:
+            from pipeline.read_your_writes import consistent_read
+
+            return consistent_read(self, name, timeout, refresh)
         d = self.catalog.get(validate_name(name))
         cols = ", ".join(quote(n) for n in d.names)
         return self.spark.sql(f"SELECT {cols} FROM delta.{quote(d.path)}")
@@ -554,6 +562,56 @@ class StreamTables:
             if deadline is not None and time.time() > deadline:
                 return
             time.sleep(0.5)
+
+    # --- read-your-writes (pipeline.read_your_writes) ---
+
+    def write(self, table: str, data: Any, mode: str = "append", timeout: float = 60.0,
+              refresh: bool | None = None) -> int:
+        """Commit ``data`` (a DataFrame, a SELECT, or one INSERT/UPDATE/DELETE/MERGE of ``table``) to the Delta
+        table ``table``; return once every IMMEDIATE stream table reading it reflects the commit. Returns the
+        table's version holding the write. See :func:`pipeline.read_your_writes.write`."""
+        from pipeline import read_your_writes
+
+        return read_your_writes.write(self, table, data, mode, timeout, refresh)
+
+    def wait_for(self, name: str, source: str, version: int, timeout: float = 60.0,
+                 refresh: bool | None = None) -> dict[str, Any]:
+        """Return once stream table ``name`` reflects ``version`` (or later) of its base table ``source``:
+        for a writer that committed by other means. Returns ``{"version": <the stream table's version>,
+        "base_frontier": {<base table path>: <version reflected>}}``; ConsistencyTimeout after ``timeout``."""
+        from pipeline import read_your_writes
+
+        r = read_your_writes.wait_for(self, name, source, version, timeout, refresh)
+        return {"version": r.version, "base_frontier": dict(r.base)}
+
+    # --- pg_ivm compatibility (pipeline.pg_ivm) ---
+
+    def create_immv(self, name: str, query: str, start: bool = True) -> int:
+        """pg_ivm's ``create_immv``: an IMMEDIATE stream table, populated now, maintained by a streaming query
+        of this process (``start``); returns its number of rows."""
+        from pipeline import pg_ivm
+
+        return pg_ivm.create_immv(self, name, query, start)
+
+    def refresh_immv(self, name: str, with_data: bool = True, start: bool = True) -> int:
+        """pg_ivm's ``refresh_immv``: ``with_data`` replaces the contents and resumes maintenance (returns the
+        rows); otherwise the IMMV is emptied and no longer maintained (returns 0)."""
+        from pipeline import pg_ivm
+
+        return pg_ivm.refresh_immv(self, name, with_data, start)
+
+    def get_immv_def(self, name: str) -> str:
+        """pg_ivm's ``get_immv_def``: the defining query."""
+        from pipeline import pg_ivm
+
+        return pg_ivm.get_immv_def(self, name)
+
+    def pg_ivm_immv(self) -> Any:
+        """pg_ivm's catalog: registers the temp view ``pg_ivm_immv`` (immvrelid, viewdef, ispopulated,
+        lastivmupdate) and the SQL function ``get_immv_def``; returns the view."""
+        from pipeline import pg_ivm
+
+        return pg_ivm.register(self)
 
 
 #: What ``explain`` takes for a stream table's name: an identifier, perhaps qualified (``db.t``), which no

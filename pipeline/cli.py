@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to serve it (default 127.0.0.1:8421; 0.0.0.0:PORT for other machines)")
 
     add("demo", "run the org-chart tutorial on a local warehouse (no servers needed)")
+    _add_compat_commands(add)
     return parser
 
 
@@ -227,6 +228,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         "explain": _cmd_explain,
         "run": _cmd_run,
         "maintain": _cmd_maintain,
+        **_COMPAT_HANDLERS,
     }
     handler = handlers[args.command]
     # Validate everything that needs no Spark before paying for its start-up.
@@ -250,7 +252,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         conf,
         app_name=f"trickle-{args.command}",
         log_level=args.log_level,
-        register_sources=args.command in ("create", "explain", "run", "alter"),
+        register_sources=args.command in ("create", "explain", "run", "alter", "create-immv", "wait-for"),
         strict=args.strict,
     )
     try:
@@ -813,6 +815,98 @@ def _status_of(st: StreamTables, name: str) -> dict[str, Any] | None:
         if row.get("name") == name:
             return dict(row)
     return None
+
+
+# ------------------------------------------------- read-your-writes and pg_ivm compatibility (issue 20)
+
+
+def _add_compat_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """``wait-for`` (:mod:`pipeline.read_your_writes`) and pg_ivm's functions as commands
+    (:mod:`pipeline.pg_ivm`): ``create-immv``, ``refresh-immv``, ``get-immv-def``, ``pg-ivm-immv``."""
+    p = add("wait-for", "wait until a stream table reflects a version of a base table a writer committed "
+                        "(read-your-writes for writers outside the API)")
+    p.add_argument("name", help="stream table")
+    p.add_argument("source", help="the base table written, by name or as delta.`/path`")
+    p.add_argument("version", type=int, help="the Delta version the writer committed")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait at most (default 60)")
+    p.add_argument("--wait-only", action="store_true",
+                   help="never refresh here: another process (trickle run) maintains the table (default: "
+                   "refresh it here when it is behind)")
+
+    p = add("create-immv", "pg_ivm's create_immv: create an IMMEDIATE stream table, populated now; prints its "
+                           "row count (`trickle run` maintains it)")
+    p.add_argument("name")
+    p.add_argument("query", help="the view definition (Spark SQL)")
+
+    p = add("refresh-immv", "pg_ivm's refresh_immv: replace the contents and resume maintenance, or with "
+                            "--no-data empty it and stop maintaining it; prints the row count")
+    p.add_argument("name")
+    p.add_argument("--no-data", action="store_true", help="WITH NO DATA: unpopulate (pg_ivm with_data=false)")
+
+    p = add("get-immv-def", "pg_ivm's get_immv_def: print the defining query")
+    p.add_argument("name")
+
+    add("pg-ivm-immv", "pg_ivm's pg_ivm_immv catalog: the IMMEDIATE stream tables (immvrelid, viewdef, "
+                       "ispopulated, lastivmupdate)")
+
+
+def _cmd_wait_for(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    got = st.wait_for(args.name, args.source, args.version, timeout=args.timeout,
+                      refresh=False if args.wait_only else None)
+    if args.json:
+        _print_json({"name": args.name, **got})
+    else:
+        print(f"{args.name} reflects version {args.version} of {args.source} (or later) at its version "
+              f"{got['version']}")
+    return EXIT_OK
+
+
+def _cmd_create_immv(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    n = st.create_immv(args.name, args.query, start=False)  # this process exits: `trickle run` maintains it
+    if args.json:
+        _print_json({"create_immv": n})
+    else:
+        print(n)
+    return EXIT_OK
+
+
+def _cmd_refresh_immv(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    n = st.refresh_immv(args.name, with_data=not args.no_data, start=False)
+    if args.json:
+        _print_json({"refresh_immv": n})
+    else:
+        print(n)
+    return EXIT_OK
+
+
+def _cmd_get_immv_def(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    text = st.get_immv_def(args.name)
+    if args.json:
+        _print_json({"name": args.name, "get_immv_def": text})
+    else:
+        print(text)
+    return EXIT_OK
+
+
+def _cmd_pg_ivm_immv(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
+    from pipeline import pg_ivm
+
+    columns = ("immvrelid", "viewdef", "ispopulated", "lastivmupdate")
+    rows = [dict(zip(columns, r, strict=True)) for r in pg_ivm.catalog_rows(st)]
+    if args.json:
+        _print_json(rows)
+    else:
+        print(format_table(rows, columns) if rows else "no IMMVs (IMMEDIATE stream tables)")
+    return EXIT_OK
+
+
+_COMPAT_HANDLERS: dict[str, Callable[[argparse.Namespace, StreamTables, TrickleConf | None], int]] = {
+    "wait-for": _cmd_wait_for,
+    "create-immv": _cmd_create_immv,
+    "refresh-immv": _cmd_refresh_immv,
+    "get-immv-def": _cmd_get_immv_def,
+    "pg-ivm-immv": _cmd_pg_ivm_immv,
+}
 
 
 if __name__ == "__main__":  # `python -m pipeline.cli ...` works without the console script installed

@@ -13,6 +13,7 @@ __all__ = [
     "CatalogError",
     "RefreshError",
     "ConfigError",
+    "ConsistencyTimeout",
 ]
 
 
@@ -36,3 +37,8 @@ class RefreshError(TrickleError):
 
 class ConfigError(TrickleError):
     """A conf file is invalid; the message names the file, the key and the problem."""
+
+
+class ConsistencyTimeout(RefreshError):
+    """A read-your-writes wait (``StreamTables.write``, ``wait_for``, ``read(consistent=True)``) gave up: the
+    stream table did not reflect the wanted source versions in time. Whatever was written stays committed."""

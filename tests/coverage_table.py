@@ -284,7 +284,7 @@ def collect() -> tuple[list[Section], list[str]]:
             problems += [f"{module}: {row.construct!r}: {m}" for m in c.problems]
             checked.append(c)
         sections.append(Section(module, _title(module, mod), getattr(mod, "COVERAGE_ORDER", 50), checked))
-    return sorted(sections, key=lambda s: (s.order, s.module)), problems
+    return sorted(sections, key=lambda s: (s.order, s.module)), problems + capability_problems()
 
 
 def _cell(text: str) -> str:
@@ -303,6 +303,43 @@ LEGEND = """\
 | FULL-only | not maintained differentially (yet): in AUTO mode every refresh is FULL, with the reason below recorded in the history; DIFFERENTIAL, IMMEDIATE and strict mode refuse it at create |
 | rejected | cannot be maintained by design (non-deterministic, arbitrary, not one query): DIFFERENTIAL, IMMEDIATE and strict mode refuse it with an error naming the construct; AUTO refreshes FULL whatever Spark can run |
 """
+
+
+#: What spark-trickle offers beyond maintaining a query, each with the test that proves it (checked to exist
+#: by :func:`capability_problems`): (capability, how, test as ``file::function``).
+CAPABILITIES: tuple[tuple[str, str, str], ...] = (
+    ("Read-your-writes: `st.write(table, data)` returns once every IMMEDIATE stream table reading `table` "
+     "reflects the write; `st.wait_for(name, source, version)` for writers that commit otherwise "
+     "(`trickle wait-for`)",
+     "the writer waits for the frontier each refresh commit records (`base_frontier`), or refreshes the table "
+     "itself when no streaming query of its process maintains it; not one transaction: see "
+     "docs/read-your-writes.md",
+     "test_read_your_writes.py::test_reader_never_sees_a_stream_table_behind_a_returned_write"),
+    ("Consistent reads: `st.read(name, consistent=True)`",
+     "the stream table at a Delta version whose frontier covers every base table commit made before the call",
+     "test_read_your_writes.py::test_reader_never_sees_a_stream_table_behind_a_returned_write"),
+    ("Waiting gives up with a clear error (`ConsistencyTimeout`); SUSPENDED tables are not waited for",
+     "the error names the versions wanted and reflected, the status and the last error",
+     "test_read_your_writes.py::test_waiting_without_a_maintainer_times_out_with_a_clear_error"),
+    ("pg_ivm compatibility: `create_immv`, `refresh_immv(name, with_data)`, `get_immv_def`, the `pg_ivm_immv` "
+     "view (API and CLI)",
+     "pg_ivm's README examples translated to Spark SQL, compared with their queries: "
+     "docs/migrating-from-pg_ivm.md",
+     "test_pg_ivm.py::test_pg_ivm_readme_examples"),
+)
+
+
+def capability_problems() -> list[str]:
+    """A capability row whose test does not exist (renamed or removed) is a problem, as an oracle row's is."""
+    problems = []
+    for capability, _, test in CAPABILITIES:
+        file, _, func = test.partition("::")
+        path = TESTS / file
+        names = {n.name for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                 if isinstance(n, ast.FunctionDef)} if path.exists() else set()
+        if func not in names:
+            problems.append(f"capability {capability[:40]!r}: no test {test}")
+    return problems
 
 
 def _how(c: Checked) -> str:
@@ -339,6 +376,10 @@ def render(sections: list[Section]) -> str:
             test = f"`{c.test}`" + (f" ({c.cycles} cycles)" if c.cycles else "") if c.test else ""
             out.append(f"| {_cell(c.row.construct)} | {c.row.status} | {_code(c.row.example)} | {_cell(how)} | {test} |")
         out.append("")
+    out += ["## Beyond SQL constructs: consistency and compatibility", "", "| capability | how | test |",
+            "|---|---|---|"]
+    out += [f"| {_cell(cap)} | {_cell(how)} | `{test}` |" for cap, how, test in CAPABILITIES]
+    out.append("")
     return "\n".join(out)
 
 
