@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from connectors.delta_log import DeltaLog
 from pipeline.catalog import StreamTableDef, validate_name
 from pipeline.errors import CatalogError
+from pipeline.modes import RefreshMode, TableStatus
 
 if TYPE_CHECKING:
     from pipeline.api import StreamTables
@@ -46,7 +47,7 @@ FUNCTION = "get_immv_def"
 
 def create_immv(st: StreamTables, name: str, query: str, start: bool = True) -> int:
     """pg_ivm's ``create_immv``: an IMMEDIATE stream table, populated now; the number of its rows."""
-    st.create_stream_table(name, query, schedule=None, refresh_mode="IMMEDIATE")
+    st.create_stream_table(name, query, schedule=None, refresh_mode=RefreshMode.IMMEDIATE)
     key = validate_name(name)
     if start:
         st.start(key)
@@ -63,12 +64,12 @@ def refresh_immv(st: StreamTables, name: str, with_data: bool = True, start: boo
         _unpopulate(st, d)
         _refresh_view(st)
         return 0
-    d.status = "ACTIVE"
+    d.status = TableStatus.ACTIVE
     d.consecutive_errors = 0
     d.reinitialize = REPOPULATED if d.reinitialize in (None, UNPOPULATED) else d.reinitialize
     st.catalog.put(d)
     st.refresh_stream_table(key)
-    if start and d.refresh_mode == "IMMEDIATE":
+    if start and d.refresh_mode == RefreshMode.IMMEDIATE:
         st.start(key)
     _refresh_view(st)
     return int(st.read(key).count())
@@ -88,7 +89,7 @@ def catalog_rows(st: StreamTables) -> list[tuple[str, str, bool, int | None]]:
     """``pg_ivm_immv``'s rows: one per IMMEDIATE stream table, by name."""
     rows = []
     for d in st.catalog.all():
-        if d.refresh_mode != "IMMEDIATE":
+        if d.refresh_mode != RefreshMode.IMMEDIATE:
             continue
         found = DeltaLog(st.spark, d.path).last_trickle_commit()
         rows.append((d.name, d.query, is_populated(d), found[0] if found is not None else None))
@@ -129,7 +130,7 @@ def _unpopulate(st: StreamTables, d: StreamTableDef) -> None:
                            f"become wrong; drop them first, or only stop maintaining it with "
                            f"alter_stream_table({d.name!r}, status='SUSPENDED')")
     st.stop(d.name)
-    d.status = "SUSPENDED"
+    d.status = TableStatus.SUSPENDED
     d.reinitialize = UNPOPULATED
     st.catalog.put(d)
     if DeltaLog(st.spark, d.path).latest_version() is not None:
@@ -137,7 +138,7 @@ def _unpopulate(st: StreamTables, d: StreamTableDef) -> None:
 
         st.spark.sql(f"DELETE FROM delta.{quote(d.path)}")
     fresh = st.catalog.get(d.name)
-    if fresh.reinitialize != UNPOPULATED or fresh.status != "SUSPENDED":
-        fresh.status = "SUSPENDED"
+    if fresh.reinitialize != UNPOPULATED or fresh.status != TableStatus.SUSPENDED:
+        fresh.status = TableStatus.SUSPENDED
         fresh.reinitialize = UNPOPULATED
         st.catalog.put(fresh)

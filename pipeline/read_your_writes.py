@@ -52,6 +52,7 @@ from pipeline.errors import (
     RefreshError,
     SourceError,
 )
+from pipeline.modes import RefreshMode, TableStatus
 
 if TYPE_CHECKING:
     from pipeline.api import StreamTables
@@ -122,7 +123,7 @@ def readers_of(st: StreamTables, path: str) -> list[StreamTableDef]:
     those reading it directly or transitively, except SUSPENDED ones (not maintained: pg_ivm's
     unpopulated IMMVs, see :mod:`pipeline.pg_ivm`)."""
     return [d for d in st.catalog.all()
-            if d.refresh_mode == "IMMEDIATE" and d.status != "SUSPENDED" and path in base_paths(st, d)]
+            if d.refresh_mode == RefreshMode.IMMEDIATE and d.status != TableStatus.SUSPENDED and path in base_paths(st, d)]
 
 
 def location(st: StreamTables, table: str) -> str:
@@ -271,7 +272,7 @@ def _until_covered(st: StreamTables, name: str, wanted: dict[str, int], timeout:
         if not behind:
             return now
         d = st.catalog.get(name)
-        if d.status == "SUSPENDED":
+        if d.status == TableStatus.SUSPENDED:
             raise CatalogError(f"stream table {name} is SUSPENDED: it is not maintained, so it cannot reflect "
                                f"{what}; resume it with alter_stream_table({name!r}, status='ACTIVE') (or "
                                f"refresh_immv({name!r}, True))")
