@@ -221,6 +221,12 @@ class Refresher:
     def _refresh_tree(self, name: str, seen: set[str], pin: dict[str, int],
                       retry_conflicts: bool = False) -> RefreshResult:
         d = self.catalog.get(name)
+        if d.scc is not None:  # a member of a cycle refreshes with its cycle (pipeline.cycles)
+            from pipeline import cycles, strata
+
+            if members := strata.component_of(self.catalog, name):
+                return cycles.refresh_component(self, name, members, seen, pin,
+                                                lambda up: self._refresh_tree(up, seen, pin, retry_conflicts))
         for key, src in d.sources.items():
             if src.kind == "stream_table" and key not in seen:
                 self._refresh_tree(key, seen, pin, retry_conflicts)
