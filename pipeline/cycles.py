@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from connectors import delta_rs, delta_sink
 from connectors.delta_log import DeltaLog
@@ -50,13 +51,11 @@ from dvm.dialect import SPARK
 from dvm.plan import plain_rows_sql
 from pipeline.catalog import StreamTableDef
 from pipeline.errors import RefreshError
+from pipeline.strata import ALLOW_CIRCULAR, MAX_ITERATIONS
 
 if TYPE_CHECKING:
     from pipeline.refresh import Refresher, RefreshResult
 
-#: Spark conf keys of the pipeline's cycle settings (the API's and the conf file's values are set there too)
-ALLOW_CIRCULAR = "trickle.cycles.allowCircular"
-MAX_ITERATIONS = "trickle.cycles.maxFixpointIterations"
 DEFAULT_MAX_ITERATIONS = 100
 #: an outside source (or a member's stored rows) of at most this many bytes and rows is read once per
 #: refresh by delta-rs and held as a local relation, so the rounds plan no Delta scan (no Spark job to read)
@@ -231,33 +230,62 @@ class _Component:
                     "keeps lengthening never converges), or raise the limit")
             self._bind(full, "full")
             self._bind(delta, "delta")
-            new = {m: self._round(d, frontier, seed=rounds == 1) for m, d in self.defs.items()}
-            self._unbind()
+            try:
+                new = self._round(frontier, delta, seed=rounds == 1)
+            finally:
+                self._unbind()
             if all(t.num_rows == 0 for t in new.values()):
                 return full, rounds
             full = {m: pa.concat_tables([full[m], new[m]]) for m in self.defs}
             delta = new
 
-    def _round(self, d: StreamTableDef, frontier: dict[str, int], seed: bool) -> pa.Table:
-        """The rows member ``d`` gains this round: the union over its member occurrences of its query with
-        that occurrence reading the previous round's delta (the seed round: every member empty), less the
-        rows it holds."""
-        occurrences = self._occurrences(d)
-        if seed or occurrences == 0:
-            if not seed:
-                return self._empty(d)  # reads no member: all its rows came in the seed round
+    def _round(self, frontier: dict[str, int], delta: dict[str, pa.Table], seed: bool) -> dict[str, pa.Table]:
+        """The rows each member gains this round, computed in ONE Spark job for the whole component (each
+        member's rows packed in a struct column of its own; a job's fixed cost dominates at this size)."""
+        parts = []
+        for i, d in enumerate(self.defs.values()):
+            sql = self._member_round(d, frontier, delta, seed)
+            if sql is None:
+                continue
+            cols = ["CAST(NULL AS " + self._struct_type(x) + f") AS __r{j}" if x is not d else f"struct(*) AS __r{j}"
+                    for j, x in enumerate(self.defs.values())]
+            parts.append(f"SELECT {i} AS __m, {', '.join(cols)} FROM ({sql})")
+        out = {m: self._empty(d) for m, d in self.defs.items()}
+        if not parts:
+            return out
+        table = self.spark.sql(" UNION ALL ".join(parts)).toArrow()
+        for i, (m, _) in enumerate(self.defs.items()):
+            mine = table.filter(pc.equal(table.column("__m"), i)).column(f"__r{i}")
+            if len(mine):
+                out[m] = pa.Table.from_struct_array(mine).rename_columns(out[m].column_names).cast(out[m].schema)
+        return out
+
+    @staticmethod
+    def _struct_type(d: StreamTableDef) -> str:
+        return "STRUCT<" + ", ".join(f"{quote(n)}: {t}" for n, t in zip(d.names, d.types, strict=True)) + ">"
+
+    def _member_round(self, d: StreamTableDef, frontier: dict[str, int], delta: dict[str, pa.Table],
+                      seed: bool) -> str | None:
+        """The query of the rows member ``d`` gains this round: the union over its member occurrences of its
+        query with that occurrence reading the previous round's delta of its member (the seed round: every
+        member empty), less the rows it holds; None when it can gain none (no occurrence has a delta)."""
+        if seed:
             branches = [self._pinned(d, frontier, lambda key, i: "full")]
         else:
+            keys = self._occurrences(d)
             branches = [self._pinned(d, frontier, lambda key, i, j=j: "delta" if i == j else "full")
-                        for j in range(occurrences)]
+                        for j, key in enumerate(keys) if delta[key].num_rows]
+        if not branches:
+            return None
         cols = ", ".join(f"CAST({quote(n)} AS {t}) AS {quote(n)}" for n, t in zip(d.names, d.types, strict=True))
         union = " UNION ALL ".join(f"SELECT {cols} FROM ({b})" for b in branches)
-        sql = f"SELECT DISTINCT * FROM ({union}) EXCEPT SELECT * FROM {self._view(d.name, 'full')}"
-        return self.spark.sql(sql).toArrow()
+        return f"SELECT DISTINCT * FROM ({union}) EXCEPT SELECT * FROM {self._view(d.name, 'full')}"
 
-    def _occurrences(self, d: StreamTableDef) -> int:
+    def _occurrences(self, d: StreamTableDef) -> list[str]:
+        """The member each occurrence of a member in ``d``'s query reads, in the order :meth:`_pinned` numbers
+        them."""
         tree = parser.parse(d.maintained_query, d.dialect)
-        return sum(1 for t in parser.source_tables(tree) if parser.table_key(t) in self.defs)
+        return [k for t in parser.source_tables(tree) if (k := parser.table_key(t)) in self.defs]
 
     def _pinned(self, d: StreamTableDef, frontier: dict[str, int], which: Callable[[str, int], str]) -> str:
         """``d``'s query with its outside sources read at ``frontier`` and the i-th occurrence of a member

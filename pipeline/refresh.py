@@ -44,7 +44,7 @@ from connectors import deletion_vectors, delta_rs, delta_sink
 from connectors.delta_log import DeltaLog, Window
 from dvm.context import Context, SourceRef, quote
 from dvm.plan import plain_rows_sql
-from pipeline import fixpoints, local_engine, plain_rows, source_schema, strategy, transaction_logs
+from pipeline import fixpoints, local_engine, plain_rows, source_schema, strata, strategy, transaction_logs
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 from pipeline.session_conf import ConfReads
@@ -222,7 +222,7 @@ class Refresher:
                       retry_conflicts: bool = False) -> RefreshResult:
         d = self.catalog.get(name)
         if d.scc is not None:  # a member of a cycle refreshes with its cycle (pipeline.cycles)
-            from pipeline import cycles, strata
+            from pipeline import cycles
 
             if members := strata.component_of(self.catalog, name):
                 return cycles.refresh_component(self, name, members, seen, pin,
@@ -354,6 +354,9 @@ class Refresher:
                                    refresh_id=d.last_refresh_id, recovered=recovered)
             self._record_no_data(d, started, result)
             return result
+        if quiet := strata.quiet_refresh(self, d, committed, post, windows, replaced, {
+                "base_frontier": base, "source_ids": ids, "transactions": txns}, started, t0):
+            return quiet  # every move of a source nets to no row: NO_DATA without a Spark job
         ratio = None
         if pre is not None:
             changed = [k for k in d.sources if post[k] != pre.get(k)]

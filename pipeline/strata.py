@@ -16,11 +16,18 @@ graph (create, alter, drop) and stored on each definition for ``status`` (see :f
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.errors import CatalogError
+
+#: Spark conf keys of a pipeline's cycle settings (the API's arguments and the conf file's keys win; see
+#: :class:`pipeline.cycles.Settings`)
+ALLOW_CIRCULAR = "trickle.cycles.allowCircular"
+MAX_ITERATIONS = "trickle.cycles.maxFixpointIterations"
 
 #: the edge class recorded for an edge whose reader's query could not be classified
 UNKNOWN = "non-monotone (not classified)"
@@ -191,3 +198,113 @@ def _reach(reads: Mapping[str, list[str]], start: str) -> set[str]:
                 seen.add(up)
                 todo.append(up)
     return seen
+
+
+def bootstrap_query(query: str, missing: set[str], dialect: str = "spark") -> str | None:
+    """A first query for a cycle member whose cycle peers do not exist yet (a conf file declaring a cycle):
+    the branches of its top-level UNION that read none of ``missing``; None when it has no such branch. The
+    member is created with it, then altered to ``query`` once its peers exist, which closes the cycle (the
+    API's own way: create, then alter)."""
+    from sqlglot import exp
+
+    from dvm import parser
+
+    tree = parser.parse(query, dialect)
+    branches: list[exp.Expression] = []
+
+    def split(node: exp.Expression) -> None:
+        if isinstance(node, exp.Union) and node.args.get("distinct") and not node.args.get("with"):
+            split(node.this)
+            split(node.expression)
+        else:
+            branches.append(node)
+
+    split(tree)
+    if len(branches) < 2:
+        return None
+    kept = [b for b in branches if not {parser.table_key(t) for t in parser.source_tables(b)} & missing]
+    if not kept:
+        return None
+    return " UNION ".join(b.sql(dialect=parser.dialect_of(dialect)) for b in kept)
+
+
+# --- skipping: a refresh whose sources' changes net to nothing (seed 002, S-2) ---
+
+#: a change window of at most this many change rows (and bytes of change files) is netted on the driver (delta-rs, no Spark job) to find
+#: whether it changed any row at all; a larger one is left to the refresh
+QUIET_WINDOW_ROWS = 10_000
+QUIET_WINDOW_BYTES = 4 << 20
+
+_PLUS = ("insert", "update_postimage")
+_MINUS = ("delete", "update_preimage")
+
+
+def quiet_refresh(refresher: Any, d: Any, committed: Any, post: dict[str, int], windows: dict[str, Any],
+                  replaced: dict[str, str], record: dict[str, Any], started: float, t0: float) -> Any | None:
+    """A NO_DATA result, recorded, when every source of ``d`` that moved since its last refresh moved by
+    commits that change no row of what ``d`` reads (their change feed nets to nothing on the columns it
+    reads: an upstream stream table's commit that only re-wrote rows with the same values, or a frontier-only
+    commit; a base table's insert and delete of the same row); None when the refresh must run.
+
+    Why: the dependents of an upstream whose refresh applied no rows would each run a differential refresh
+    over empty change windows, Spark jobs included; this check reads the small windows on the driver instead,
+    so a quiet layer stops the wave below it. The table's frontier moves on as a soft frontier (no commit),
+    as after an empty delta, so the next refresh does not read the window again."""
+    pre = committed.frontier
+    if pre is None or replaced or d.reinitialize is not None or pre == post:
+        return None
+    moved = [k for k in d.sources if post.get(k) != pre.get(k)]
+    if any(k not in pre or post[k] < pre[k] for k in moved):
+        return None
+    for key in moved:
+        if not _window_nets_to_nothing(refresher, d, key, pre[key], post[key], windows.get(key)):
+            return None
+    from pipeline.refresh import RefreshResult
+
+    meta = committed.meta or {}
+    soft = {"table_version": committed.version, "refresh_id": meta.get("refresh_id"), "frontier": post,
+            **{k: v for k, v in record.items() if v is not None}}
+    reason = (f"source{'s' if len(moved) > 1 else ''} {', '.join(sorted(moved))} moved, but "
+              f"{'their commits net' if len(moved) > 1 else 'its commits net'} to no changed row (skipped "
+              "without a Spark job)")
+    result = RefreshResult(d.name, "NO_DATA", reason, duration_ms=(time.perf_counter() - t0) * 1000, frontier=post,
+                           refresh_id=d.last_refresh_id)
+    refresher._record_ok(d, started, result, soft)
+    return result
+
+
+def _window_nets_to_nothing(refresher: Any, d: Any, key: str, pre: int, post: int, window: Any) -> bool:
+    """Whether the change feed of source ``key`` over (pre, post] nets to no row on the columns ``d`` reads
+    of it (a stream table: its user columns; a base table: all of them)."""
+    from connectors import delta_rs
+    from connectors.delta_log import DeltaLog
+
+    if window is None or window.schema_changed_at is not None or window.truncated_at is not None:
+        return False
+    if window.change_bytes > QUIET_WINDOW_BYTES or (window.insert_only and window.change_bytes > 0):
+        return False  # too large to net on the driver, or rows were only added: the refresh runs
+    src = d.sources[key]
+    if delta_rs.unreadable(DeltaLog(refresher.spark, src.path).protocol(post)) is not None:
+        return False
+    changes = delta_rs.read_changes(src.path, pre + 1, post, QUIET_WINDOW_ROWS)
+    if changes is None:
+        return False
+    if src.kind == "stream_table":
+        if not refresher.catalog.exists(key):
+            return False
+        columns = refresher.catalog.get(key).names
+    else:
+        columns = [c for c in changes.column_names if not c.startswith("_commit_") and c != "_change_type"]
+    if not set(columns) <= set(changes.column_names):
+        return False
+    net: Counter[tuple[Any, ...]] = Counter()
+    kinds = changes.column("_change_type").to_pylist()
+    values = zip(*(changes.column(c).to_pylist() for c in columns), strict=True)
+    for kind, row in zip(kinds, values, strict=True):
+        if kind in _PLUS:
+            net[row] += 1
+        elif kind in _MINUS:
+            net[row] -= 1
+        else:
+            return False
+    return not any(net.values())
