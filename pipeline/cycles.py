@@ -46,9 +46,10 @@ import pyarrow.compute as pc
 from connectors import delta_rs, delta_sink
 from connectors.delta_log import DeltaLog
 from dvm import parser, rewrite
-from dvm.context import quote
+from dvm.context import Context, quote
 from dvm.dialect import SPARK
 from dvm.plan import plain_rows_sql
+from pipeline import local_engine
 from pipeline.catalog import StreamTableDef
 from pipeline.errors import RefreshError
 from pipeline.strata import ALLOW_CIRCULAR, MAX_ITERATIONS
@@ -111,6 +112,11 @@ class _Component:
         self.run = uuid.uuid4().hex[:10]
         self.settings: Settings = getattr(refresher, "cycles", None) or Settings()
         self.held: dict[str, str] = {}  # outside source key -> the temp view holding its rows at the frontier
+        self.held_rows: dict[str, pa.Table] = {}  # the same view name -> its rows (for DuckDB)
+        #: DuckDB on the driver evaluates the rounds (pipeline.local_engine, its reviewed constructs only)
+        #: unless the local engine is off or refused the queries; then Spark does
+        self.local: Any = None if local_engine.mode(refresher.conf) == "off" else False
+        self.engine_note = "Spark" if self.local is None else "DuckDB"
         self.schemas: dict[str, pa.Schema] = {}
 
     # --- the decision ---
@@ -193,6 +199,8 @@ class _Component:
             for view in self.held.values():
                 self.spark.catalog.dropTempView(view)
             self.held.clear()
+            if self.local:
+                self.local.con.close()
 
     def _hold_outside(self, frontier: dict[str, int]) -> None:
         """Read each small outside source once (delta-rs, no Spark job) and bind it as a temp view."""
@@ -216,6 +224,7 @@ class _Component:
                     self.spark.createDataFrame([], ", ".join(f"{quote(c)} {t}" for c, t in columns.columns()
                                                              if c in names)).createOrReplaceTempView(view)
                 self.held[key] = view
+                self.held_rows[view] = table
 
     def _iterate(self, full: dict[str, pa.Table], delta: dict[str, pa.Table],
                  frontier: dict[str, int]) -> tuple[dict[str, pa.Table], int]:
@@ -228,12 +237,14 @@ class _Component:
                     f"{self.settings.max_fixpoint_iterations} iterations (max_fixpoint_iterations); every member "
                     "is in ERROR. Check that the cycle's rows are finite (a growing counter or a string that "
                     "keeps lengthening never converges), or raise the limit")
-            self._bind(full, "full")
-            self._bind(delta, "delta")
-            try:
-                new = self._round(frontier, delta, seed=rounds == 1)
-            finally:
-                self._unbind()
+            new = self._round_local(frontier, full, delta, seed=rounds == 1)
+            if new is None:
+                self._bind(full, "full")
+                self._bind(delta, "delta")
+                try:
+                    new = self._round(frontier, delta, seed=rounds == 1)
+                finally:
+                    self._unbind()
             if all(t.num_rows == 0 for t in new.values()):
                 return full, rounds
             full = {m: pa.concat_tables([full[m], new[m]]) for m in self.defs}
@@ -259,6 +270,40 @@ class _Component:
             if len(mine):
                 out[m] = pa.Table.from_struct_array(mine).rename_columns(out[m].column_names).cast(out[m].schema)
         return out
+
+    def _round_local(self, frontier: dict[str, int], full: dict[str, pa.Table], delta: dict[str, pa.Table],
+                     seed: bool) -> dict[str, pa.Table] | None:
+        """The round on DuckDB (no Spark job; milliseconds at this size), the queries translated by the local
+        engine, which refuses any construct DuckDB might evaluate otherwise than Spark; None when it is off
+        or refused (then Spark runs this round and the rest)."""
+        if self.local is None:
+            return None
+        import duckdb
+
+        try:
+            if self.local is False:
+                self.local = local_engine.LocalEngine(self.spark, Context(), None, HOLD_ROWS)
+                for view, rows in self.held_rows.items():
+                    self.local.con.register(view, rows)
+            out = {}
+            for m in self.defs:
+                self.local.con.register(self._view(m, "full"), full[m])
+                self.local.con.register(self._view(m, "delta"), delta[m])
+            for m, d in self.defs.items():
+                sql = self._member_round(d, frontier, delta, seed)
+                empty = self._empty(d)
+                if sql is None:
+                    out[m] = empty
+                    continue
+                rows = self.local.con.sql(self.local.translate(sql)).to_arrow_table()
+                out[m] = rows.rename_columns(empty.column_names).cast(empty.schema)
+            return out
+        except (local_engine.Unsupported, duckdb.Error, pa.ArrowException) as e:
+            if self.local:
+                self.local.con.close()
+            self.local = None
+            self.engine_note = f"Spark (DuckDB refused: {str(e).splitlines()[0][:200]})"
+            return None
 
     @staticmethod
     def _struct_type(d: StreamTableDef) -> str:
@@ -353,7 +398,7 @@ class _Component:
         post = {**mine, **members}
         refresh_id = uuid.uuid4().hex[:16]
         reason = (f"cycle {', '.join(self.defs)} reset and recomputed to its least fixpoint in {rounds} "
-                  "iterations (semi-naive)")
+                  f"iterations (semi-naive, rounds on {self.engine_note})")
         new = _bag(rows)
         inserted = sum((new - held).values())
         deleted = sum((held - new).values())
