@@ -71,9 +71,18 @@ def check_cycles(st: StreamTables, d: StreamTableDef, draft: StreamTableDef) -> 
     new = dataclasses.replace(d, sources=draft.sources, edge_classes=draft.edge_classes)
     defs = [new if x.name.lower() == d.name.lower() else x for x in st.catalog.all()]
     try:
-        strata.check(strata.analyse(defs), True, d.name.lower())
+        analysed = strata.analyse(defs)
+        strata.check(analysed, True, d.name.lower())
     except CatalogError as e:
         raise CatalogError(f"{e}; the old query stays in place") from None
+    cid = analysed.scc.get(d.name.lower())
+    immediate = [x.name for x in defs if cid is not None and analysed.scc.get(x.name.lower()) == cid
+                 and x.refresh_mode == "IMMEDIATE"]
+    if immediate:
+        raise CatalogError(f"stream table {d.name}: the new query closes a cycle with the IMMEDIATE stream table "
+                           f"{', '.join(immediate)}; a cycle is refreshed as one unit to its fixpoint, which a "
+                           "streaming query per table cannot do: alter it to another refresh mode first; the old "
+                           "query stays in place")
 
 
 def check_no_cycle(st: StreamTables, key: str, sources: dict[str, SourceInfo]) -> None:

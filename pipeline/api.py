@@ -324,6 +324,9 @@ class StreamTables:
             if mode in ("DIFFERENTIAL", "IMMEDIATE") and d.full_reason is not None and query is None:
                 raise UnsupportedError("query", f"stream table {d.name} cannot use refresh_mode={mode}: "
                                        f"{d.full_reason}")
+            if mode == "IMMEDIATE" and d.scc is not None:
+                raise CatalogError(f"stream table {d.name} is in the cycle {d.scc}, refreshed as one unit to its "
+                                   "fixpoint: it cannot be IMMEDIATE")
             d.refresh_mode = mode
         if status is not None:
             s = str(status).upper()

@@ -134,9 +134,15 @@ def check(strata: Strata, allow_circular: bool, changing: str) -> None:
             if s in comp and r in comp and cls != "monotone":
                 raise CatalogError(
                     f"stream table {changing}: the cycle {cycle} goes through the non-monotone edge {s} -> {r} "
-                    f"({cls.removeprefix('non-monotone ').strip('()')} in the query of {r}); only monotone "
+                    f"({_operator(cls)} in the query of {r}); only monotone "
                     "edges (joins, UNION, filters, projections, DISTINCT, EXISTS) may form a cycle. Read the "
                     "negated or aggregated table from outside the cycle (a lower stratum) instead")
+
+
+def _operator(edge_class: str) -> str:
+    """The operator of a non-monotone edge class: ``non-monotone (X)`` -> ``X``."""
+    inner = edge_class.removeprefix("non-monotone").strip()
+    return inner[1:-1] if inner.startswith("(") and inner.endswith(")") else inner
 
 
 def _cycle_path(strata: Strata, comp: list[str], start: str) -> list[str]:
@@ -235,6 +241,9 @@ def bootstrap_query(query: str, missing: set[str], dialect: str = "spark") -> st
 QUIET_WINDOW_ROWS = 10_000
 QUIET_WINDOW_BYTES = 4 << 20
 
+#: Spark conf: ``false`` turns the skip off (an escape hatch, as seed 002's ``enable_stratum_skip``)
+SKIP_QUIET = "trickle.refresh.skipQuietWindows"
+
 _PLUS = ("insert", "update_postimage")
 _MINUS = ("delete", "update_preimage")
 
@@ -252,6 +261,8 @@ def quiet_refresh(refresher: Any, d: Any, committed: Any, post: dict[str, int], 
     as after an empty delta, so the next refresh does not read the window again."""
     pre = committed.frontier
     if pre is None or replaced or d.reinitialize is not None or pre == post:
+        return None
+    if str(refresher.conf.get(SKIP_QUIET, "true")).strip().lower() == "false":
         return None
     moved = [k for k in d.sources if post.get(k) != pre.get(k)]
     if any(k not in pre or post[k] < pre[k] for k in moved):

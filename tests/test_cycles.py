@@ -172,3 +172,40 @@ def test_explain_shows_edge_classes(cyclic: StreamTables, make_source: Callable[
     cyclic.create_stream_table(c, f"SELECT src, COUNT(*) AS n FROM {a} GROUP BY src", schedule=None)
     assert f"{a} -> {c}: non-monotone (aggregate input)" in cyclic.explain(c)
     assert {r["name"]: r["stratum"] for r in cyclic.status()}[c] == 1
+
+
+def test_a_conf_file_declares_a_cycle_and_trickle_run_creates_it(
+        spark: Any, tmp_path: Any, make_source: Callable[..., str], unique_name: Callable[[str], str]) -> None:
+    import threading
+    from types import SimpleNamespace
+
+    from pipeline import strata
+    from pipeline.conf import load_conf
+    from pipeline.runtime import Runtime
+
+    e = make_source("edges", "src INT, dst INT", rows=[(1, 2), (2, 3), (3, 1)])
+    a, b = unique_name("reach_a"), unique_name("reach_b")
+    conf_file = tmp_path / "conf.yaml"
+    conf_file.write_text(f"""
+allow_circular: true
+sources:
+  - name: {e}
+    kind: delta
+stream_tables:
+  - name: {b}
+    query: "{B_QUERY.format(a=a, e=e)}"
+    schedule: 1h
+  - name: {a}
+    query: "{A_QUERY.format(e=e, b=b)}"
+    schedule: 1h
+""")
+    conf = load_conf(conf_file)
+    events: list[str] = []
+    log = SimpleNamespace(event=lambda what, **f: events.append(what), error=events.append,
+                          refresh=lambda r, note=None: None)
+    st = StreamTables(spark, root=str(tmp_path / "trickle"), allow_circular=conf.spark[strata.ALLOW_CIRCULAR] == "true")
+    Runtime(st, conf, log, tmp_path).create_stream_tables(threading.Event())
+    assert events == ["created", "created", "cycle_closed"], events
+    assert st.catalog.get(a).query == A_QUERY.format(e=e, b=b) and st.catalog.get(a).scc is not None
+    want_a, want_b = closure([(1, 2), (2, 3), (3, 1)])
+    assert (stored(st, a), stored(st, b)) == (want_a, want_b)

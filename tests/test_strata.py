@@ -84,6 +84,19 @@ def test_a_layer_whose_refresh_applies_no_row_stops_the_wave_below_it(
     spark.sql(f"UPDATE {base} SET v = v - 1 WHERE v = 3")
     first, jobs1 = _jobs(spark, "layer1", lambda: st.refresher._refresh_tree(l1, set(), {}))
     assert first.action == "DIFFERENTIAL" and jobs1 > 0, (first, jobs1)  # the counting sees a refresh's jobs
+    assert first.rows_updated == 1  # a commit, but of the same values
+    spark.conf.set(strata.SKIP_QUIET, "false")  # without the skip, layer two runs its delta job (as before)
+    try:
+        spark.sql(f"UPDATE {base} SET v = v + 1 WHERE v = 6")
+        spark.sql(f"UPDATE {base} SET v = v - 1 WHERE v = 2")
+        st.refresher._refresh_tree(l1, set(), {})
+        unskipped, jobs = _jobs(spark, "unskipped", lambda: st.refresher._refresh_tree(l2, {l1}, {}))
+        assert unskipped.action == "DIFFERENTIAL" and jobs > 0, (unskipped, jobs)
+    finally:
+        spark.conf.unset(strata.SKIP_QUIET)
+    spark.sql(f"UPDATE {base} SET v = v - 1 WHERE k = 1 AND v = 7")  # and once more, with the skip
+    spark.sql(f"UPDATE {base} SET v = v + 1 WHERE k = 1 AND v = 1")
+    assert st.refresher._refresh_tree(l1, set(), {}).rows_updated == 1
     for name in (l2, l3):
         result, jobs = _jobs(spark, name, lambda name=name: st.refresher._refresh_tree(name, {l1, l2} - {name}, {}))
         assert result.action == "NO_DATA", (name, result)
