@@ -357,7 +357,8 @@ GRAPH_ROWS = (
      "at create / alter, naming the edge and the operator (`dvm.monotone`); allowed when it points to a lower "
      "stratum", "test_cycles.py::test_a_cycle_through_a_non_monotone_edge_is_refused_naming_edge_and_operator"),
     ("Strata (minimum stratification) and skipping", "DIFFERENTIAL",
-     "strata recomputed on every change to the graph; a refresh whose sources' moves net to no row records "
+     "strata recomputed on every change to the graph; a refresh whose moved upstream stream tables committed "
+     "no net row records "
      "NO_DATA without a Spark job", "test_strata.py::test_a_layer_whose_refresh_applies_no_row_stops_the_wave_below_it"),
 )
 
