@@ -13,10 +13,22 @@ from collections.abc import Mapping
 from dvm import key_filter
 from dvm.builder import compile_tree
 from dvm.context import FLOAT_IDENTITY, HELD_SEED, PREV, Context, Fixpoint, SourceRef
-from dvm.dialect import SPARK, check_dialect, quote
+from dvm.dialect import SPARK, check_dialect, dialect_of, quote
 from dvm.errors import QueryError, TrickleError, UnsupportedError
+from dvm.monotone import EdgeClass
+from dvm.monotone import classify as classify_edges
 from dvm.operators import Node, RecursiveCte, Scan
-from dvm.parser import FLATTEN, MAX_NESTING, analyzable, check_nesting, pin_sources, source_keys, table_key
+from dvm.parser import (
+    FLATTEN,
+    MAX_NESTING,
+    analyzable,
+    check_nesting,
+    parse,
+    pin_sources,
+    source_keys,
+    source_occurrences,
+    table_key,
+)
 from dvm.plan import DEL, DW, ROW_HASH, ROW_ID, Plan, plain_rows_sql
 from dvm.views import ViewDef, inline_views
 
@@ -28,6 +40,7 @@ def compile_query(sql: str, schemas: Mapping[str, list[tuple[str, str]]], dialec
 
 
 __all__ = [
+    "EdgeClass", "classify_edges", "parse", "source_occurrences", "source_tables", "dialect_of",
     # compiling a defining query, and what it reads
     "compile_query", "source_keys", "table_key", "check_nesting", "MAX_NESTING", "FLATTEN", "Plan",
     # the FULL path: the query as written over pinned snapshots

@@ -8,7 +8,7 @@ the differential path builds an operator tree from it (:mod:`dvm.builder`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import sqlglot
 from sqlglot import exp
@@ -95,6 +95,11 @@ def cte_names(tree: exp.Expression) -> set[str]:
     return {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
 
 
+def source_occurrences(sql: str, dialect: str = "spark") -> list[str]:
+    """The source key of each table reference of the query, in the order :func:`pin_sources` numbers them."""
+    return [table_key(t) for t in source_tables(parse(sql, dialect))]
+
+
 def source_tables(tree: exp.Expression) -> list[exp.Table]:
     """Table references that name real sources (not CTEs)."""
     ctes = cte_names(tree)
@@ -137,21 +142,27 @@ def analyzable(sql: str, dialect: str = "spark") -> str:
     return tree.sql(dialect=dialect_of(dialect)) if changed else sql
 
 
-def pin_sources(sql: str, from_items: Mapping[str, str], dialect: str = "spark") -> str:
+def pin_sources(sql: str, from_items: Mapping[str, str] | Callable[[str, int], str], dialect: str = "spark") -> str:
     """Rewrite a query so each source reads a fixed snapshot.
 
     ``from_items`` maps each source key to the Spark SQL FROM item to read instead (a time-travel table
-    reference or a parenthesised subquery). The original table name stays the alias, so qualified column
-    references keep resolving. Used for FULL refreshes, including of queries the tree cannot represent.
+    reference or a parenthesised subquery), or is a function of (key, occurrence number) when occurrences of
+    one source read different relations (a cycle's rounds, see pipeline/cycles.py). The original table name
+    stays the alias, so qualified column references keep resolving. Used for FULL refreshes, including of
+    queries the tree cannot represent.
     """
     tree = parse(sql, dialect)
     marks: dict[str, str] = {}
-    for t in source_tables(tree):
+    for i, t in enumerate(source_tables(tree)):
         key = table_key(t)
-        if key not in from_items:
+        if callable(from_items):
+            item = from_items(key, i)
+        elif key in from_items:
+            item = from_items[key]
+        else:
             raise QueryError(f"unknown table {key}")
         mark = f"__trickle_pin_{len(marks)}__"
-        marks[mark] = from_items[key]
+        marks[mark] = item
         rewrite.retarget(t, mark)
     tree = rewrite.expand_quantified(tree)  # Spark SQL cannot parse x op ANY/ALL (subquery)
     tree = rewrite.eliminate_qualify(tree)  # sqlglot's own would keep ORDER BY / LIMIT inside

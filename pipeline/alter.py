@@ -30,6 +30,7 @@ import time
 from typing import TYPE_CHECKING
 
 from connectors.delta_log import DeltaLog
+from pipeline import strata
 from pipeline.catalog import SourceInfo, StreamTableDef
 from pipeline.errors import CatalogError, SourceChangedError, TrickleError
 from pipeline.modes import RefreshMode, TableStatus
@@ -50,7 +51,7 @@ def change_query(st: StreamTables, d: StreamTableDef, query: str) -> None:
         draft, _ = st._definition(d.name, query.strip(), d.schedule, d.refresh_mode, d.dialect)
     except TrickleError as e:
         raise type(e)(*_args(e, f"{e} (ALTER of {d.name}: the old query stays in place)")) from None
-    check_no_cycle(st, d.name, draft.sources)
+    check_cycles(st, d, draft)
     redefine(st, d, draft, QUERY_CHANGED)
 
 
@@ -59,6 +60,30 @@ def _args(e: TrickleError, message: str) -> tuple[object, ...]:
     first)."""
     construct = getattr(e, "construct", None)
     return (construct, message) if construct is not None else (message,)
+
+
+def check_cycles(st: StreamTables, d: StreamTableDef, draft: StreamTableDef) -> None:
+    """CatalogError when the new query would put ``d`` in a cycle the pipeline may not hold: any cycle
+    unless it allows them (``allow_circular``), else a cycle through a non-monotone edge, named with its
+    operator (:func:`pipeline.strata.check`)."""
+    if not st.cycles.allow_circular:
+        check_no_cycle(st, d.name, draft.sources)
+        return
+    new = dataclasses.replace(d, sources=draft.sources, edge_classes=draft.edge_classes)
+    defs = [new if x.name.lower() == d.name.lower() else x for x in st.catalog.all()]
+    try:
+        analysed = strata.analyse(defs)
+        strata.check(analysed, True, d.name.lower())
+    except CatalogError as e:
+        raise CatalogError(f"{e}; the old query stays in place") from None
+    cid = analysed.scc.get(d.name.lower())
+    immediate = [x.name for x in defs if cid is not None and analysed.scc.get(x.name.lower()) == cid
+                 and x.refresh_mode == "IMMEDIATE"]
+    if immediate:
+        raise CatalogError(f"stream table {d.name}: the new query closes a cycle with the IMMEDIATE stream table "
+                           f"{', '.join(immediate)}; a cycle is refreshed as one unit to its fixpoint, which a "
+                           "streaming query per table cannot do: alter it to another refresh mode first; the old "
+                           "query stays in place")
 
 
 def check_no_cycle(st: StreamTables, key: str, sources: dict[str, SourceInfo]) -> None:
@@ -70,7 +95,8 @@ def check_no_cycle(st: StreamTables, key: str, sources: dict[str, SourceInfo]) -
         up, trail = todo.pop()
         if up == key:
             raise CatalogError(f"stream table {key} cannot read itself (cycle {' -> '.join(trail)}); the old "
-                               "query stays in place")
+                               "query stays in place. A pipeline may allow cycles through monotone edges, "
+                               "evaluated to a fixpoint: allow_circular")
         if up in seen or not st.catalog.exists(up):
             continue
         seen.add(up)
@@ -86,16 +112,19 @@ def redefine(st: StreamTables, d: StreamTableDef, draft: StreamTableDef, reason:
         d, query=draft.query, sources=draft.sources, names=draft.names, types=draft.types, layout=draft.layout,
         full_reason=draft.full_reason, dialect=draft.dialect, inlined_query=draft.inlined_query,
         views=draft.views, float_identity=draft.float_identity, soft_frontier=None, cost_model=None,
+        edge_classes=draft.edge_classes,
         reinitialize=reason)
     running = key in st._queries and st._queries[key].isActive
     if running:
         st.stop(key)
     st.catalog.put(new)
+    strata.restratify(st.catalog)  # before the refresh: a member of a cycle refreshes with its cycle
     try:
         st.refresher.refresh(key)
     except Exception:
         if _committed_refresh_id(st, new) == prior.last_refresh_id:  # the contents are still the old query's
             st.catalog.put(prior)
+            strata.restratify(st.catalog)
             if running:
                 st.start(key)
         raise

@@ -12,7 +12,7 @@ import dvm
 from connectors.delta_log import DeltaLog
 from connectors.storage import strip_file_scheme
 from dvm import PREV, quote
-from pipeline import fixpoints, metastore
+from pipeline import cycles, fixpoints, metastore, strata
 from pipeline.catalog import (
     NAME_MAX_LENGTH,
     NAME_RE,
@@ -51,12 +51,20 @@ class StreamTables:
     ``root`` is the catalog directory (default ``<warehouse>/_trickle``). ``strict=True`` makes every
     refresh that would fall back from DIFFERENTIAL to FULL fail instead, and AUTO refuse at create a query
     it could only refresh FULL; ``None`` (default) takes the Spark conf ``trickle.refresh.strict``.
+
+    ``allow_circular=True`` lets stream tables read each other in cycles through monotone edges, evaluated
+    to their least fixpoint in at most ``max_fixpoint_iterations`` rounds (default 100; see
+    :mod:`pipeline.cycles`); ``None`` takes the Spark conf ``trickle.cycles.allowCircular`` /
+    ``trickle.cycles.maxFixpointIterations``.
     """
 
-    def __init__(self, spark: Any, root: str | None = None, strict: bool | None = None) -> None:
+    def __init__(self, spark: Any, root: str | None = None, strict: bool | None = None,
+                 allow_circular: bool | None = None, max_fixpoint_iterations: int | None = None) -> None:
         self.spark = spark
         self.catalog = Catalog(root or f"{_warehouse(spark)}/_trickle")
         self.refresher = Refresher(spark, self.catalog, strict=strict)
+        self.cycles = cycles.Settings.resolve(spark, allow_circular, max_fixpoint_iterations)
+        self.refresher.cycles = self.cycles  # read by pipeline.cycles when it refreshes a cycle
         self._queries: dict[str, Any] = {}
         self._register_all()
 
@@ -233,6 +241,7 @@ class StreamTables:
                 self._create_empty(draft, latest)
             self._publish(key, path)  # first: a clash there leaves no session name behind
             self._register(key, path)
+            strata.restratify(self.catalog)
         except Exception:
             self.catalog.delete(key)
             self.catalog.drop_history(key)
@@ -274,9 +283,12 @@ class StreamTables:
             raise QueryError(f"stream table {key} has duplicate output column names: {names}")
         draft.names = names
         draft.types = [f.dataType.simpleString() for f in schema.fields]
+        draft.edge_classes = {k: strata.UNKNOWN for k, s in sources.items() if s.kind == "stream_table"}
         try:
             plan = dvm.compile_query(maintained, schemas, dialect)
             draft.layout = plan.layout
+            draft.edge_classes = {k: c.describe() for k, c in dvm.classify_edges(plan.root, keys).items()
+                                  if k in draft.edge_classes}
         except UnsupportedError as e:
             if mode in DELTA_ONLY_MODES:
                 raise UnsupportedError(e.construct, f"stream table {key}: {e} (refresh_mode={mode})") from None
@@ -314,6 +326,9 @@ class StreamTables:
             if mode in DELTA_ONLY_MODES and d.full_reason is not None and query is None:
                 raise UnsupportedError("query", f"stream table {d.name} cannot use refresh_mode={mode}: "
                                        f"{d.full_reason}")
+            if mode == "IMMEDIATE" and d.scc is not None:
+                raise CatalogError(f"stream table {d.name} is in the cycle {d.scc}, refreshed as one unit to its "
+                                   "fixpoint: it cannot be IMMEDIATE")
             d.refresh_mode = mode
         if status is not None:
             s = str(status).upper()
@@ -341,6 +356,7 @@ class StreamTables:
         if self.spark.catalog.tableExists(key):
             self.spark.sql(f"DROP TABLE IF EXISTS {key}")
         metastore.unpublish(self.spark, key, d.path)
+        strata.restratify(self.catalog)
         self.catalog.storage.delete_tree(d.path)
         self.catalog.storage.delete_tree(self.catalog.checkpoint_path(key))
         self.refresher._plans = {k: v for k, v in self.refresher._plans.items() if k[0] != key}
@@ -360,6 +376,7 @@ class StreamTables:
                 "last_refresh_at": d.last_refresh_at, "consecutive_errors": d.consecutive_errors,
                 "last_error": d.last_error, "path": d.path,
                 "running": d.name in self._queries and self._queries[d.name].isActive,
+                "stratum": d.stratum, "scc": d.scc, "fixpoint_iterations": d.last_fixpoint_iterations,
             })
         return out
 
@@ -427,6 +444,7 @@ class StreamTables:
         if plan.notes:
             lines += ["", "notes:"] + [f"  - {n}" for n in plan.notes]
         lines += ["", "hidden columns: " + ", ".join(plan.hidden_columns())]
+        lines += self._edge_lines(d, plan)
         lines += ["", *self._apply_lines(d, plan)]
         post = {k: 2 for k in d.sources}
         pre = {k: 1 for k in d.sources}
@@ -448,6 +466,23 @@ class StreamTables:
                       f"(rounds until nothing new; {PREV} = the previous round's new rows)",
                       "  seed:", _pretty(spec.seed), "  step:", _pretty(spec.step)]
         return "\n".join(lines)
+
+    def _edge_lines(self, d: StreamTableDef, plan: dvm.Plan) -> list[str]:
+        """Stratified evaluation (:mod:`pipeline.strata`): each stream-table source's edge class, and the
+        table's stratum and cycle."""
+        keys = [k for k, s in d.sources.items() if s.kind == "stream_table"]
+        if not keys:
+            return []
+        classes = dvm.classify_edges(plan.root, list(d.sources))
+        lines = ["", "edges from stream tables (only monotone ones may form a cycle; see pipeline.strata):"]
+        lines += [f"  - {k} -> {d.name}: {classes[k].describe() if k in classes else strata.UNKNOWN}"
+                  for k in sorted(keys)]
+        if d.name != "(query)":
+            where = f"in cycle {d.scc}" if d.scc else "in no cycle"
+            lines.append(f"stratum {d.stratum if d.stratum is not None else '-'}, {where}"
+                         + (f", last fixpoint {d.last_fixpoint_iterations} iterations"
+                            if d.last_fixpoint_iterations is not None else ""))
+        return lines
 
     def _check_analyzes(self, d: StreamTableDef) -> None:
         """QueryError when Spark cannot analyse the query of ``d`` (unknown column, type error), as create

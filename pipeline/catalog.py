@@ -87,6 +87,15 @@ class StreamTableDef:
     #: per base source, the schema this table was last refreshed against and the columns its query reads
     #: (:func:`pipeline.source_schema.record`); None in files from before it, filled by the next refresh
     source_schema: dict[str, Any] | None = None
+    #: per stream-table source, how the query reads it: "monotone" or "non-monotone (operator)"
+    #: (:mod:`dvm.monotone`), recorded at create and alter; decides which cycles the table may join
+    edge_classes: dict[str, str] | None = None
+    #: the cycle of stream tables this one is in ("scc:<first member>"; None: none) and its stratum
+    #: (:mod:`pipeline.strata`), recomputed on every change to the graph
+    scc: str | None = None
+    stratum: int | None = None
+    #: rounds the last fixpoint evaluation of its cycle took (:mod:`pipeline.cycles`)
+    last_fixpoint_iterations: int | None = None
 
     @property
     def maintained_query(self) -> str:

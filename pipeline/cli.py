@@ -88,6 +88,14 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         "trickle.refresh.strict, false)",
     )
     parser.add_argument(
+        "--allow-circular",
+        action="store_true",
+        default=default if suppress else None,
+        help="let stream tables read each other in cycles through monotone edges, evaluated to their least "
+        "fixpoint (default: the conf file's allow_circular, else the Spark conf trickle.cycles.allowCircular, "
+        "false)",
+    )
+    parser.add_argument(
         "--log-level",
         metavar="LEVEL",
         default=default if suppress else "ERROR",
@@ -254,6 +262,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         register_sources=args.command in ("create", "explain", "run", "alter", "create-immv", "wait-for"),
         strict=args.strict,
+        allow_circular=args.allow_circular,
     )
     try:
         if sdp_spec is not None:  # its SQL is parsed by SDP's parser, in Spark: only now
@@ -300,7 +309,7 @@ def _load_conf(path: str) -> TrickleConf:
 
 def _open(
     warehouse: Path, conf: TrickleConf | None, app_name: str, log_level: str, register_sources: bool,
-    strict: bool | None = None,
+    strict: bool | None = None, allow_circular: bool | None = None,
 ) -> tuple[SparkSession, StreamTables]:
     """Start Spark (the slow part) and open the catalog rooted under the warehouse.
 
@@ -314,7 +323,7 @@ def _open(
         app_name=app_name, warehouse=warehouse, conf=conf.spark if conf else None, log_level=log_level
     )
     _quiet_query_context_loggers(log_level)
-    st = StreamTables(spark, strict=strict)
+    st = StreamTables(spark, strict=strict, allow_circular=allow_circular)
     if register_sources:
         register_warehouse_tables(spark, warehouse)
     return spark, st

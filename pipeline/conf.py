@@ -51,6 +51,7 @@ from connectors.column_types import SUPPORTED_TYPES, normalize_type
 from pipeline.errors import ConfigError
 from pipeline.modes import RefreshMode
 from pipeline.schedule import DEFAULT_SCHEDULE, SCHEDULE_FORMS, normalize_schedule, parse_duration
+from pipeline.strata import ALLOW_CIRCULAR, MAX_ITERATIONS
 
 __all__ = [
     "TOP_LEVEL_KEYS",
@@ -74,7 +75,8 @@ __all__ = [
     "normalize_type",
 ]
 
-TOP_LEVEL_KEYS = frozenset({"spark", "warehouse", "checkpoints", "sources", "stream_tables", "runtime"})
+TOP_LEVEL_KEYS = frozenset({"spark", "warehouse", "checkpoints", "sources", "stream_tables", "runtime",
+                            "allow_circular", "max_fixpoint_iterations"})
 STREAM_TABLE_KEYS = frozenset({"name", "query", "query_file", "schedule", "refresh_mode", "max_staleness"})
 RUNTIME_KEYS = frozenset(
     {
@@ -269,13 +271,13 @@ def load_conf(path: str | os.PathLike[str]) -> TrickleConf:
                           f"{p.name}; edits to its definitions are applied when trickle run starts again")
     _reject_unknown(p, data, TOP_LEVEL_KEYS, where="top level")
 
-    spark = _spark_settings(p, data.get("spark"))
+    spark = {**_spark_settings(p, data.get("spark")), **_cycle_settings(p, data)}
     warehouse = _path_value(p, "warehouse", data.get("warehouse"))
     checkpoints = _path_value(p, "checkpoints", data.get("checkpoints"))
     specs = _stream_tables(p, data.get("stream_tables"))
     sources = _sources(p, data.get("sources"))
     _check_names(p, sources, specs)
-    _check_graph(p, specs)
+    _check_graph(p, specs, allow_circular=spark.get(ALLOW_CIRCULAR) == "true")
     runtime = _runtime(p, data.get("runtime"))
     return TrickleConf(
         path=p,
@@ -710,8 +712,27 @@ def query_sources(spec: StreamTableSpec) -> list[str]:
     return dvm.source_keys(spec.query)
 
 
-def _check_graph(path: Path, specs: list[StreamTableSpec]) -> None:
-    """Each query must parse, and stream tables must not read themselves, directly or through others."""
+def _cycle_settings(path: Path, data: dict[str, Any]) -> dict[str, str]:
+    """``allow_circular`` and ``max_fixpoint_iterations`` (top level) as the Spark conf the API reads them
+    from (:class:`pipeline.cycles.Settings`): the pipeline's session carries them to every command."""
+    out: dict[str, str] = {}
+    if "allow_circular" in data:
+        value = data["allow_circular"]
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: 'allow_circular' must be true or false, got {value!r}")
+        out[ALLOW_CIRCULAR] = "true" if value else "false"
+    if "max_fixpoint_iterations" in data:
+        value = data["max_fixpoint_iterations"]
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10000:
+            raise ConfigError(f"{path}: 'max_fixpoint_iterations' must be an integer from 1 to 10000, got {value!r}")
+        out[MAX_ITERATIONS] = str(value)
+    return out
+
+
+def _check_graph(path: Path, specs: list[StreamTableSpec], allow_circular: bool = False) -> None:
+    """Each query must parse, and stream tables must not read themselves, directly or through others
+    (through others they may, when the pipeline allows cycles: ``allow_circular``; create and alter then
+    check that every edge of a cycle is monotone, see :mod:`pipeline.strata`)."""
     from dvm import TrickleError as DvmError
 
     index = {s.name.lower(): i for i, s in enumerate(specs)}
@@ -728,6 +749,8 @@ def _check_graph(path: Path, specs: list[StreamTableSpec]) -> None:
             return
         if state.get(name) == 1:
             cycle = trail[trail.index(name):] + [name]
+            if allow_circular and len(cycle) > 2:
+                return
             first = specs[index[cycle[0]]]
             raise ConfigError(f"{path}: stream_tables[{index[cycle[0]]}] {first.name!r}.query: cycle "
                               f"{' -> '.join(cycle)}; a stream table cannot read itself, directly or "

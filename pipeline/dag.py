@@ -47,7 +47,8 @@ def build(defs: Iterable[Any], kafka_topics: Mapping[str, str] | None = None) ->
     tables = {d.name.lower() for d in defs}
     for d in defs:
         schedule = d.schedule or "-"
-        label = f"{d.refresh_mode}, {schedule}" + ("" if d.status == "ACTIVE" else f", {d.status}")
+        label = f"{d.refresh_mode}, {schedule}" + ("" if d.status == "ACTIVE" else f", {d.status}") + (
+            f", cycle {d.scc}" if getattr(d, "scc", None) else "")  # pipeline.strata
         g.nodes[d.name.lower()] = Node(d.name, "stream table", label)
     for d in defs:
         for key in sorted(d.sources):

@@ -134,7 +134,7 @@ def _unpopulate(st: StreamTables, d: StreamTableDef) -> None:
     d.reinitialize = UNPOPULATED
     st.catalog.put(d)
     if DeltaLog(st.spark, d.path).latest_version() is not None:
-        from dvm.context import quote
+        from dvm import quote
 
         st.spark.sql(f"DELETE FROM delta.{quote(d.path)}")
     fresh = st.catalog.get(d.name)

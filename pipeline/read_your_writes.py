@@ -42,8 +42,7 @@ import sqlglot
 from sqlglot import exp
 
 from connectors.delta_log import DeltaLog
-from dvm.context import quote
-from dvm.dialect import SPARK
+from dvm import SPARK, quote
 from pipeline.catalog import StreamTableDef, validate_name
 from pipeline.errors import (
     CatalogError,

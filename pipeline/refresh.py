@@ -42,7 +42,16 @@ import dvm
 from connectors import deletion_vectors, delta_errors, delta_log, delta_rs, delta_sink
 from connectors.delta_log import DeltaLog, SourceWindow
 from dvm import Context, SourceRef, plain_rows_sql, quote
-from pipeline import fixpoints, history, local_engine, plain_rows, source_schema, strategy, transaction_logs
+from pipeline import (
+    fixpoints,
+    history,
+    local_engine,
+    plain_rows,
+    source_schema,
+    strata,
+    strategy,
+    transaction_logs,
+)
 from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.decision import decide
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
@@ -222,6 +231,12 @@ class Refresher:
     def _refresh_tree(self, name: str, seen: set[str], pin: dict[str, int],
                       retry_conflicts: bool = False) -> RefreshResult:
         d = self.catalog.get(name)
+        if d.scc is not None:  # a member of a cycle refreshes with its cycle (pipeline.cycles)
+            from pipeline import cycles
+
+            if members := strata.component_of(self.catalog, name):
+                return cycles.refresh_component(self, name, members, seen, pin,
+                                                lambda up: self._refresh_tree(up, seen, pin, retry_conflicts))
         for key, src in d.sources.items():
             if src.kind == "stream_table" and key not in seen:
                 self._refresh_tree(key, seen, pin, retry_conflicts)
@@ -351,6 +366,10 @@ class Refresher:
                                    frontier=post, refresh_id=d.last_refresh_id, recovered=recovered)
             history.write(self.catalog, history.no_data(d.name, result.reason, started, result.duration_ms, post))
             return result
+        if decision.action != RefreshAction.REINITIALIZE and (quiet := strata.quiet_refresh(
+                self, d, committed, post, windows, replaced, {"base_frontier": base, "source_ids": ids,
+                                                              "transactions": txns}, started, t0)):
+            return quiet  # every move of a source nets to no row: NO_DATA without a Spark job
         action, reason, ratio = decision.action, decision.reason, decision.change_ratio
         refresh_id = uuid.uuid4().hex[:16]
         record = {"refresh_id": refresh_id, "frontier": post, "action": action, "name": d.name,

@@ -337,19 +337,35 @@ class Runtime:
                                   "table first")
 
     def create_stream_tables(self, stop: threading.Event) -> None:
-        from pipeline.conf import creation_order
+        from pipeline import strata
+        from pipeline.conf import creation_order, query_sources
 
         self.check_sources()
         existing = {str(r.get("name")) for r in self.st.status()}
         # tables whose conf entry was edited while no run was alive: brought to the conf first
         defined = {d.name.lower(): (d.query, d.schedule, d.refresh_mode) for d in self.st.catalog.all()}
         conf_reload.apply(self.st, conf_reload.at_start(self.conf, defined), self.log)
-        for spec in creation_order(self.conf.stream_tables):
-            if spec.name.lower() in existing or stop.is_set():
-                continue
-            self.st.create_stream_table(spec.name, spec.query, schedule=spec.schedule,
-                                        refresh_mode=spec.refresh_mode)
+        declared = {s.name.lower() for s in self.conf.stream_tables}
+        closing: list[Any] = []  # cycle members created over part of their query (pipeline.strata.bootstrap_query)
+        todo = [s for s in creation_order(self.conf.stream_tables) if s.name.lower() not in existing]
+        while todo and not stop.is_set():
+            for spec in todo:  # the first that can be created, whole or (a cycle's) over a UNION branch
+                missing = {r for r in query_sources(spec) if r in declared and not self.st.catalog.exists(r)}
+                query = strata.bootstrap_query(spec.query, missing) if missing else spec.query
+                if query is not None:
+                    break
+            else:
+                raise ConfigError(f"{self.conf.path}: stream table {todo[0].name!r} is in a cycle of stream tables "
+                                  "none of which has a UNION branch reading no other member of the cycle to start "
+                                  "from; such a cycle has no rows (its least fixpoint is empty)")
+            if missing:
+                closing.append(spec)
+            self.st.create_stream_table(spec.name, query, schedule=spec.schedule, refresh_mode=spec.refresh_mode)
             self.log.event("created", name=spec.name, refresh_mode=spec.refresh_mode, schedule=spec.schedule)
+            todo.remove(spec)
+        for spec in closing:
+            self.st.alter_stream_table(spec.name, query=spec.query)
+            self.log.event("cycle_closed", name=spec.name, scc=self.st.catalog.get(spec.name).scc)
 
     # --- the loop ---
 

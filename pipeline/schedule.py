@@ -158,8 +158,9 @@ def effective_schedules(
     refreshing the upstream every tick would burn the cluster, so it gets the same cadence as an unscheduled
     CALCULATED table; a tighter scheduled consumer still wins. A CALCULATED table with no consumer (or only
     CALCULATED consumers that themselves have none) gets ``default``. Status (SUSPENDED/ERROR) of consumers
-    is ignored so that the resolution does not flap while tables are paused. The catalog rejects cycles; a
-    cycle here raises ValueError rather than recursing forever.
+    is ignored so that the resolution does not flap while tables are paused. Around a cycle of stream tables
+    (a pipeline with ``allow_circular``) a consumer already being resolved adds no candidate, so the
+    resolution ends; the cycle refreshes as one unit anyway (:mod:`pipeline.cycles`).
     """
     resolved: dict[str, str] = {}
     visiting: set[str] = set()
@@ -167,8 +168,6 @@ def effective_schedules(
     def resolve(name: str) -> str:
         if name in resolved:
             return resolved[name]
-        if name in visiting:
-            raise ValueError(f"dependency cycle through {name!r}")
         visiting.add(name)
         candidates: list[str] = []
         for c in sorted(consumers.get(name, ())):
@@ -178,7 +177,8 @@ def effective_schedules(
             if s is None:
                 candidates.append(default)
             elif is_calculated(s):
-                candidates.append(resolve(c))
+                if c not in visiting:  # around a cycle: the member being resolved adds nothing
+                    candidates.append(resolve(c))
             else:
                 candidates.append(s)
         visiting.discard(name)

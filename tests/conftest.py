@@ -127,7 +127,7 @@ LONG_MODULES = ("test_oracle_aggregates", "test_oracle_setops", "test_oracle_win
                 "test_object_store", "test_wheel", "test_oracle_joins", "test_oracle_operators",
                 "test_oracle_operator_joins", "test_metastore", "test_oracle_generated", "test_oracle_seed_examples",
                 "test_postgres_e2e", "test_sdp", "test_apply_strategies", "test_plain_rows", "test_ui",
-                "test_deletion_vectors", "test_pg_ivm", "test_read_your_writes")
+                "test_deletion_vectors", "test_pg_ivm", "test_read_your_writes", "test_cycles")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -379,13 +379,45 @@ def render(sections: list[Section]) -> str:
     out += ["## Beyond SQL constructs: consistency and compatibility", "", "| capability | how | test |",
             "|---|---|---|"]
     out += [f"| {_cell(cap)} | {_cell(how)} | `{test}` |" for cap, how, test in CAPABILITIES]
+    out += ["## Across stream tables: cycles and strata", "",
+            "Not constructs of one query but of the graph of stream tables (see the README, *Cycles of stream "
+            "tables*). Each row names the test that checks it; `tests/test_coverage_table.py` fails when that test is gone.", "",
+            "| capability | status | how | test |", "|---|---|---|---|"]
+    out += [f"| {cap} | {status} | {how} | `{test}` |" for cap, status, how, test in GRAPH_ROWS]
     out.append("")
     return "\n".join(out)
 
 
+#: capabilities of the graph of stream tables (pipeline.strata, pipeline.cycles): (capability, status, how, test)
+GRAPH_ROWS = (
+    ("Cycles of stream tables through monotone edges (`allow_circular`)", "least fixpoint",
+     "semi-naive rounds, the component reset and recomputed on every refresh that reads a change (so deletions "
+     "reach the least fixpoint); `max_fixpoint_iterations` (default 100) puts every member in ERROR",
+     "test_cycles.py::test_transitive_closure_over_two_tables_matches_recursive_cte_under_inserts_and_deletes"),
+    ("A cycle through NOT EXISTS / NOT IN, EXCEPT's right side, an aggregate's or a window's input", "rejected",
+     "at create / alter, naming the edge and the operator (`dvm.monotone`); allowed when it points to a lower "
+     "stratum", "test_cycles.py::test_a_cycle_through_a_non_monotone_edge_is_refused_naming_edge_and_operator"),
+    ("Strata (minimum stratification) and skipping", "DIFFERENTIAL",
+     "strata recomputed on every change to the graph; a refresh whose moved upstream stream tables committed "
+     "no net row records "
+     "NO_DATA without a Spark job", "test_strata.py::test_a_layer_whose_refresh_applies_no_row_stops_the_wave_below_it"),
+)
+
+
+def _graph_problems() -> list[str]:
+    """A GRAPH_ROWS test that no longer exists."""
+    out = []
+    for *_, test in GRAPH_ROWS:
+        file, _, function = test.partition("::")
+        path = TESTS / file
+        if not path.exists() or f"def {function}(" not in path.read_text(encoding="utf-8"):
+            out.append(f"GRAPH_ROWS names {test}, which does not exist")
+    return out
+
+
 def generate() -> tuple[str, list[str]]:
     sections, problems = collect()
-    return render(sections), problems
+    return render(sections), problems + _graph_problems()
 
 
 def main(argv: list[str] | None = None) -> int:

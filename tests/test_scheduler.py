@@ -176,9 +176,13 @@ def test_immediate_consumer_counts_as_default_and_stays_unscheduled() -> None:
     assert effective_schedules({"a": "CALCULATED", "i": None, "s": "1h"}, {"a": {"i", "s"}})["a"] == "1m"
 
 
-def test_calculated_cycle_is_reported_not_recursed() -> None:
-    with pytest.raises(ValueError, match="cycle"):
-        effective_schedules({"a": "CALCULATED", "b": "CALCULATED"}, {"a": {"b"}, "b": {"a"}})
+def test_calculated_cycle_resolves_without_recursing() -> None:
+    """A cycle of stream tables (allow_circular): the member being resolved adds no candidate, so the
+    resolution ends; a consumer outside the cycle still sets its members' schedule."""
+    assert effective_schedules({"a": "CALCULATED", "b": "CALCULATED"}, {"a": {"b"}, "b": {"a"}}) == {
+        "a": "1m", "b": "1m"}
+    assert effective_schedules({"a": "CALCULATED", "b": "CALCULATED", "c": "10s"},
+                               {"a": {"b"}, "b": {"a", "c"}}) == {"a": "10s", "b": "10s", "c": "10s"}
 
 
 def test_sync_resolves_calculated_through_sources() -> None:
