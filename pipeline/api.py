@@ -65,6 +65,7 @@ class StreamTables:
         self.refresher = Refresher(spark, self.catalog, strict=strict)
         self.cycles = cycles.Settings.resolve(spark, allow_circular, max_fixpoint_iterations)
         self.refresher.cycles = self.cycles  # read by pipeline.cycles when it refreshes a cycle
+        self.refresher.refresh_cycle = cycles.refresh_component
         self._queries: dict[str, Any] = {}
         self._register_all()
 

@@ -49,11 +49,12 @@ from connectors.delta_log import DeltaLog
 from dvm import Context, plain_rows_sql, quote
 from pipeline import local_engine
 from pipeline.catalog import StreamTableDef
+from pipeline.decision import RefreshResult
 from pipeline.errors import RefreshError
 from pipeline.strata import ALLOW_CIRCULAR, MAX_ITERATIONS
 
 if TYPE_CHECKING:
-    from pipeline.refresh import Refresher, RefreshResult
+    from pipeline.refresh import Refresher
 
 DEFAULT_MAX_ITERATIONS = 100
 #: an outside source (or a member's stored rows) of at most this many bytes and rows is read once per
@@ -138,8 +139,6 @@ class _Component:
         return out
 
     def refresh(self) -> dict[str, RefreshResult]:
-        from pipeline.refresh import RefreshResult
-
         started, t0 = time.time(), time.perf_counter()
         post = self.outside_post()
         committed = {m: self.r._committed(d) for m, d in self.defs.items()}
@@ -376,8 +375,6 @@ class _Component:
               base: dict[str, int], rounds: int, started: float, t0: float) -> RefreshResult:
         """Commit member ``d``'s fixpoint rows when they differ from what it holds (a multiset compare on
         the driver); record the refresh and the rounds either way."""
-        from pipeline.refresh import RefreshResult
-
         version = committed.version
         held = self._held(d, version)
         mine = {k: frontier[k] for k in d.sources if k in frontier}

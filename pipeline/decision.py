@@ -22,7 +22,7 @@ The order of the rules is the order of precedence:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from connectors.delta_log import SourceWindow
 from pipeline import source_schema, strategy
@@ -101,3 +101,23 @@ def _action(d: StreamTableDef, pre: Mapping[str, int] | None, post: Mapping[str,
         action, reason = strategy.auto(ratio, strategy.CostModel.from_dict(d.cost_model))
         return RefreshAction(action), reason
     return RefreshAction.DIFFERENTIAL, "source changes applied as a delta"
+
+
+@dataclass
+class RefreshResult:
+    """What one refresh did and why."""
+
+    name: str
+    action: str  # NO_DATA | DIFFERENTIAL | FULL | REINITIALIZE
+    reason: str
+    rows_inserted: int = 0
+    rows_deleted: int = 0
+    rows_updated: int = 0
+    duration_ms: float = 0.0
+    frontier: dict[str, int] = field(default_factory=dict)
+    refresh_id: str | None = None
+    recovered: bool = False
+    #: how the delta was applied and why (see :mod:`pipeline.strategy`); None for NO_DATA
+    apply: str | None = None
+    #: bytes of the sources' change feeds over the sources' bytes (None: unknown), what AUTO decides on
+    change_ratio: float | None = None

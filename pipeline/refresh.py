@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.compute as pc
@@ -53,31 +53,10 @@ from pipeline import (
     transaction_logs,
 )
 from pipeline.catalog import Catalog, StreamTableDef
-from pipeline.decision import decide
+from pipeline.decision import RefreshResult, decide
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 from pipeline.modes import RefreshAction, RefreshMode, TableStatus
 from pipeline.session_conf import ConfReads
-
-
-@dataclass
-class RefreshResult:
-    """What one refresh did and why."""
-
-    name: str
-    action: str  # NO_DATA | DIFFERENTIAL | FULL | REINITIALIZE
-    reason: str
-    rows_inserted: int = 0
-    rows_deleted: int = 0
-    rows_updated: int = 0
-    duration_ms: float = 0.0
-    frontier: dict[str, int] = field(default_factory=dict)
-    refresh_id: str | None = None
-    recovered: bool = False
-    #: how the delta was applied and why (see :mod:`pipeline.strategy`); None for NO_DATA
-    apply: str | None = None
-    #: bytes of the sources' change feeds over the sources' bytes (None: unknown), what AUTO decides on
-    change_ratio: float | None = None
-
 
 #: Spark conf: differential refreshes over less data than this many bytes run interpreted (no codegen).
 INTERPRETED_BELOW = "trickle.refresh.interpretedBelowBytes"
@@ -112,6 +91,9 @@ def _before_commit(name: str) -> None:
 
 
 AfterCommit = Callable[[str], None]
+#: (refresher, the member asked for, the cycle's members, tables refreshed in this call, base pins, a way to
+#: refresh an upstream outside the cycle) -> the member's result
+RefreshCycle = Callable[["Refresher", str, list[str], set[str], dict[str, int], Callable[[str], Any]], RefreshResult]
 
 
 class Refresher:
@@ -128,6 +110,10 @@ class Refresher:
         #: depends on the data, e.g. a change window too large, is not kept)
         self._local_refused: dict[tuple[str, str], str] = {}
         self._thread = threading.local()
+        #: how a member of a cycle of stream tables is refreshed: with its whole cycle, to a fixpoint
+        #: (:func:`pipeline.cycles.refresh_component`, installed by :class:`pipeline.api.StreamTables`, which
+        #: creates cycles; the refresh path itself knows only this contract)
+        self.refresh_cycle: RefreshCycle | None = None
 
     @property
     def conf(self) -> Any:
@@ -231,12 +217,10 @@ class Refresher:
     def _refresh_tree(self, name: str, seen: set[str], pin: dict[str, int],
                       retry_conflicts: bool = False) -> RefreshResult:
         d = self.catalog.get(name)
-        if d.scc is not None:  # a member of a cycle refreshes with its cycle (pipeline.cycles)
-            from pipeline import cycles
-
+        if d.scc is not None and self.refresh_cycle is not None:  # a cycle member refreshes with its cycle
             if members := strata.component_of(self.catalog, name):
-                return cycles.refresh_component(self, name, members, seen, pin,
-                                                lambda up: self._refresh_tree(up, seen, pin, retry_conflicts))
+                return self.refresh_cycle(self, name, members, seen, pin,
+                                          lambda up: self._refresh_tree(up, seen, pin, retry_conflicts))
         for key, src in d.sources.items():
             if src.kind == "stream_table" and key not in seen:
                 self._refresh_tree(key, seen, pin, retry_conflicts)

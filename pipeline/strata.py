@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.decision import RefreshResult
 from pipeline.errors import CatalogError
 
 #: Spark conf keys of a pipeline's cycle settings (the API's arguments and the conf file's keys win; see
@@ -272,8 +273,6 @@ def quiet_refresh(refresher: Any, d: Any, committed: Any, post: dict[str, int], 
     for key in moved:
         if not _window_nets_to_nothing(refresher, d, key, pre[key], post[key], windows.get(key)):
             return None
-    from pipeline.refresh import RefreshResult
-
     meta = committed.meta or {}
     soft = {"table_version": committed.version, "refresh_id": meta.get("refresh_id"), "frontier": post,
             **{k: v for k, v in record.items() if v is not None}}
