@@ -27,6 +27,7 @@ from dvm.parser import (
     pin_sources,
     source_keys,
     source_occurrences,
+    source_tables,
     table_key,
 )
 from dvm.plan import DEL, DW, ROW_HASH, ROW_ID, Plan, plain_rows_sql

@@ -47,7 +47,7 @@ import dvm
 from connectors import delta_rs, delta_sink
 from connectors.delta_log import DeltaLog
 from dvm import Context, plain_rows_sql, quote
-from pipeline import local_engine
+from pipeline import history, local_engine
 from pipeline.catalog import StreamTableDef
 from pipeline.decision import RefreshResult
 from pipeline.errors import RefreshError
@@ -151,7 +151,8 @@ class _Component:
                 out[m] = RefreshResult(m, "NO_DATA", "no source outside the cycle changed since the last refresh",
                                        duration_ms=(time.perf_counter() - t0) * 1000, frontier=committed[m].frontier,
                                        refresh_id=d.last_refresh_id)
-                self.r._record_no_data(d, started, out[m])
+                history.write(self.r.catalog, history.no_data(m, out[m].reason, started, out[m].duration_ms,
+                                                              out[m].frontier))
             return out
         try:
             rows, rounds = self.fixpoint(frontier)
