@@ -708,9 +708,8 @@ class Refresher:
         """Settings for the session of a collected delta job (and the fixpoints it reads): those of
         :func:`pipeline.fixpoints.read_conf`, and :data:`ONE_PARTITION` when the job reads fewer bytes than
         ``trickle.refresh.onePartitionBelowBytes`` (default 16 MiB). Why: on a few MiB each shuffle's tasks
-        and each local relation's broadcast tasks cost more than they parallelise. Measured on join_agg over
-        1M rows with 1% changed (17K change rows, 4 shuffle partitions otherwise), the setting flipped every
-        other refresh in one process: 594 -> 439 ms per refresh (medians of 8, warm)."""
+        and each local relation's broadcast tasks cost more than they parallelise (figures in
+        docs/BENCHMARKS.md, "Figures behind the code")."""
         conf = fixpoints.read_conf(ctx)
         limit = int(self.conf.get(ONE_PARTITION_BELOW, str(16 << 20)))
         read = ctx.bytes_read(sql) if limit > 0 else None
@@ -721,11 +720,10 @@ class Refresher:
         ``trickle.refresh.interpretedBelowBytes`` (default 256 KiB; 0 disables), counted as
         :meth:`_job_conf` counts them (change windows and the snapshots Spark scans; the relations the driver
         read are bounded by their own limits). Compiling generated code costs a small refresh about 0.1 s,
-        interpreting costs per row. Measured on an insert-only aggregate, 10 source commits per refresh, warm,
-        medians of 4: 1K change rows 0.49 s interpreted against 0.59 s generated, 100K rows (423 KB) 0.67
-        against 0.65 s, 1M rows 2.45 against 0.95 s. The rule before (the tables read, whole, under 64 MiB)
-        ran such a 1M-row window interpreted, and never applied once delta-rs, which writes no checksum
-        file, had committed to the table."""
+        interpreting costs per row, so the two break even at a few hundred KB of change data (figures in
+        docs/BENCHMARKS.md, "Figures behind the code"). The rule before (the tables read, whole, under 64
+        MiB) ran a 1M-row window interpreted, and never applied once delta-rs, which writes no checksum file,
+        had committed to the table."""
         limit = int(self.conf.get(INTERPRETED_BELOW, str(256 << 10)))
         read = ctx.bytes_read(sql) if limit > 0 else None
         return read is not None and read < limit
