@@ -108,7 +108,7 @@ class Refresher:
         self._locks_guard = threading.Lock()
         #: why DuckDB cannot compute a table's delta, by (name, defining query): no second try (a reason that
         #: depends on the data, e.g. a change window too large, is not kept)
-        self._local_refused: dict[tuple[str, str], str] = {}
+        self._local_refused: dict[tuple[str, str, str], str] = {}
         self._thread = threading.local()
         #: how a member of a cycle of stream tables is refreshed: with its whole cycle, to a fixpoint
         #: (:func:`pipeline.cycles.refresh_component`, installed by :class:`pipeline.api.StreamTables`, which
@@ -154,7 +154,8 @@ class Refresher:
         if d.full_reason is not None:
             return None
         schemas = self.source_schemas(d, windows)
-        key = (d.name, d.maintained_query, tuple(d.names), repr(sorted(schemas.items())))
+        # the dialect too: the same text compiles to another plan in another dialect (an ALTER of it)
+        key = (d.name, d.maintained_query, d.dialect, tuple(d.names), repr(sorted(schemas.items())))
         if key not in self._plans:
             self._plans = {k: v for k, v in self._plans.items() if k[0] != d.name}
             plan = dvm.compile_query(d.maintained_query, schemas, d.dialect)
@@ -607,7 +608,7 @@ class Refresher:
         if not self._local_wanted(d, record):
             return None
         mode = local_engine.mode(self.conf)
-        key = (d.name, d.maintained_query)
+        key = (d.name, d.maintained_query, d.dialect)
         try:
             rows = local_engine.collect(self.spark, ctx, src, read_version, self.conf)
         except local_engine.Unsupported as e:
@@ -625,7 +626,7 @@ class Refresher:
     def _local_wanted(self, d: StreamTableDef, record: dict[str, Any]) -> bool:
         """Whether DuckDB should try this table's delta: the engine is on, and it did not refuse the query."""
         mode = local_engine.mode(self.conf)
-        refused = self._local_refused.get((d.name, d.maintained_query))
+        refused = self._local_refused.get((d.name, d.maintained_query, d.dialect))
         if refused is not None and mode == "auto":
             record["delta_engine"] = f"spark: {refused}"
         return mode != "off" and (refused is None or mode == "verify")
