@@ -42,13 +42,14 @@ if TYPE_CHECKING:
 QUERY_CHANGED = "query changed"
 
 
-def change_query(st: StreamTables, d: StreamTableDef, query: str) -> None:
+def change_query(st: StreamTables, d: StreamTableDef, query: str, dialect: str | None = None) -> None:
     """Give stream table ``d`` (with any schedule / mode / status changes of the same ALTER applied) the
-    defining query ``query``: check, re-initialize, re-validate dependents (see the module docstring)."""
+    defining query ``query``, written in ``dialect`` (None: the table's): check, re-initialize, re-validate
+    dependents (see the module docstring)."""
     if not isinstance(query, str) or not query.strip():
         raise CatalogError(f"stream table {d.name}: the new query is empty")
     try:
-        draft, _ = st._definition(d.name, query.strip(), d.schedule, d.refresh_mode, d.dialect)
+        draft, _ = st._definition(d.name, query.strip(), d.schedule, d.refresh_mode, dialect or d.dialect)
     except TrickleError as e:
         raise type(e)(*_args(e, f"{e} (ALTER of {d.name}: the old query stays in place)")) from None
     check_cycles(st, d, draft)

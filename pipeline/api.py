@@ -314,12 +314,20 @@ class StreamTables:
             (df.write.format("delta").mode("overwrite").option("delta.enableChangeDataFeed", "true").save(d.path))
 
     def alter_stream_table(self, name: str, schedule: str | None = None, refresh_mode: str | None = None,
-                           status: str | None = None, query: str | None = None) -> None:
+                           status: str | None = None, query: str | None = None, dialect: str | None = None) -> None:
         """Change a stream table's schedule, refresh mode, status or defining query. A new ``query`` is
         checked as create checks it (and for cycles) before anything changes; then the table is
         re-initialized (REINITIALIZE, reason "query changed") and its dependents are re-validated (see
-        :mod:`pipeline.alter`)."""
+        :mod:`pipeline.alter`). A new ``dialect`` (the SQL dialect the query is written in) is a change of
+        the query: the same text may mean something else in another dialect, so the new query, or the
+        current one without it, goes the same way."""
         d = self.catalog.get(validate_name(name))
+        if dialect is not None:
+            dialect = dvm.check_dialect(dialect)
+            if dialect == d.dialect:
+                dialect = None
+            elif query is None:
+                query = d.query
         if schedule is not None:
             d.schedule = validate_schedule(schedule)
         if refresh_mode is not None:
@@ -341,7 +349,7 @@ class StreamTables:
         if query is not None:
             from pipeline.alter import change_query
 
-            change_query(self, d, query)
+            change_query(self, d, query, dialect)
             return
         self.catalog.put(d)
 

@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--query-file", metavar="FILE", help="read the defining query from FILE ('-' = stdin)")
     p.add_argument("--schedule", help="refresh interval such as 30s, 5m, 1h30m (API default: 1m)")
     p.add_argument("--mode", type=str.upper, choices=MODES, help="refresh mode (API default: AUTO)")
+    p.add_argument("--dialect", help="the SQL dialect the query is written in, a sqlglot name such as postgres "
+                   "(default: spark)")
     p.add_argument(
         "--no-initialize",
         action="store_true",
@@ -245,6 +247,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         raise TrickleError("alter: give at least one of --query (or --query-file), --schedule, --mode, --status")
     if args.command == "create" or (args.command == "alter" and (args.query, args.query_file) != (None, None)):
         args.query_text = _read_query(args)
+    if args.command == "create" and args.dialect is not None:
+        import dvm
+
+        args.dialect = dvm.check_dialect(args.dialect)  # a misspelt dialect fails before Spark starts
     if args.command == "run" and conf is not None:
         from pipeline.runtime import check_kafka_reachable
 
@@ -436,6 +442,8 @@ def _cmd_create(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | 
         kwargs["schedule"] = args.schedule
     if args.mode is not None:
         kwargs["refresh_mode"] = args.mode
+    if args.dialect is not None:
+        kwargs["dialect"] = args.dialect
     with progress(st.spark, f"populating {args.name}", wanted(args.progress) and not args.no_initialize):
         st.create_stream_table(args.name, args.query_text, **kwargs)
     row = _status_of(st, args.name)

@@ -34,6 +34,9 @@ Example::
       - name: big_customers
         query_file: sql/big_customers.sql   # relative to this file's folder
         schedule: "*/5 * * * *"      # quoted: a plain YAML scalar cannot start with '*'
+      - name: recent_orders
+        query: SELECT id, amount::INT AS amount FROM orders WHERE customer ILIKE 'a%'
+        dialect: postgres            # the SQL dialect of the query (a sqlglot name); default spark
     runtime:
       tick_seconds: 1
       max_consecutive_errors: 3
@@ -77,7 +80,8 @@ __all__ = [
 
 TOP_LEVEL_KEYS = frozenset({"spark", "warehouse", "checkpoints", "sources", "stream_tables", "runtime",
                             "allow_circular", "max_fixpoint_iterations"})
-STREAM_TABLE_KEYS = frozenset({"name", "query", "query_file", "schedule", "refresh_mode", "max_staleness"})
+STREAM_TABLE_KEYS = frozenset({"name", "query", "query_file", "schedule", "refresh_mode", "max_staleness",
+                               "dialect"})
 RUNTIME_KEYS = frozenset(
     {
         "tick_seconds",
@@ -159,6 +163,8 @@ class StreamTableSpec:
     refresh_mode: str = DEFAULT_REFRESH_MODE
     #: ``max_staleness`` in seconds: above it, ``trickle run`` alerts (:mod:`pipeline.alerts`); None: never
     max_staleness_seconds: float | None = None
+    #: the SQL dialect ``query`` is written in (a sqlglot dialect name, lower case), as the API's ``dialect``
+    dialect: str = "spark"
 
 
 @dataclass(frozen=True)
@@ -390,8 +396,23 @@ def _stream_tables(path: Path, value: Any) -> list[StreamTableSpec]:
         mode = RefreshMode(mode.strip().upper())
         schedule = _schedule(path, where, item.get("schedule"), mode)
         specs.append(StreamTableSpec(name=name, query=query, schedule=schedule, refresh_mode=mode,
-                                     max_staleness_seconds=_max_staleness(path, where, item.get("max_staleness"))))
+                                     max_staleness_seconds=_max_staleness(path, where, item.get("max_staleness")),
+                                     dialect=_dialect(path, where, item.get("dialect"))))
     return specs
+
+
+def _dialect(path: Path, where: str, value: Any) -> str:
+    """The dialect a stream table's query is written in, checked as the API checks it
+    (:func:`dvm.check_dialect`), as a ConfigError: every refresh parses the query in it, so a misspelt name
+    fails ``trickle run`` before Spark starts, not at the table's creation."""
+    import dvm
+
+    if value is None:
+        return "spark"
+    try:
+        return dvm.check_dialect(value)
+    except dvm.QueryError as e:
+        raise ConfigError(f"{path}: {where}: 'dialect': {e}") from None
 
 
 def _schedule(path: Path, where: str, value: Any, mode: str) -> str | None:
@@ -709,7 +730,7 @@ def query_sources(spec: StreamTableSpec) -> list[str]:
     """The tables a stream table's query reads (lower case, ``db.table`` or ``table``)."""
     import dvm
 
-    return dvm.source_keys(spec.query)
+    return dvm.source_keys(spec.query, spec.dialect)
 
 
 def _cycle_settings(path: Path, data: dict[str, Any]) -> dict[str, str]:

@@ -4,8 +4,8 @@ The run loop asks :class:`ConfFile` every tick whether the file changed (its mod
 content). A changed file is loaded and checked as at start (:func:`pipeline.conf.load_conf`); an invalid
 one is reported and the pipeline keeps running as it was. Of a valid one, :func:`changes` picks what is
 applied while running: a new query of an existing stream table is an ALTER of its query (checked first; a
-bad one leaves the old one running, see :mod:`pipeline.alter`), a new schedule or refresh mode an ALTER of
-those. Everything else (stream tables added or removed, sources, Spark settings, runtime knobs, paths) is
+bad one leaves the old one running, see :mod:`pipeline.alter`), and so is a new ``dialect`` (the same text
+may mean something else in another dialect); a new schedule or refresh mode is an ALTER of those. Everything else (stream tables added or removed, sources, Spark settings, runtime knobs, paths) is
 logged as not applied, with what to do, never silently ignored.
 """
 
@@ -62,11 +62,15 @@ class Alter:
     query: str | None = None
     schedule: str | None = None
     refresh_mode: str | None = None
+    #: a new dialect of the query (then ``query`` is set too: a new dialect is a change of the query)
+    dialect: str | None = None
 
 
-def changes(old: TrickleConf, new: TrickleConf, catalog_queries: dict[str, str]) -> tuple[list[Alter], list[str]]:
+def changes(old: TrickleConf, new: TrickleConf, catalog_queries: dict[str, str],
+            catalog_dialects: dict[str, str] | None = None) -> tuple[list[Alter], list[str]]:
     """The ALTERs an edit from ``old`` to ``new`` means for the stream tables in the catalog
-    (``catalog_queries``: name -> current query), and what of the edit is not applied while running."""
+    (``catalog_queries``: name -> current query; ``catalog_dialects``: name -> its dialect, when known), and
+    what of the edit is not applied while running."""
     before = {s.name.lower(): s for s in old.stream_tables}
     alters: list[Alter] = []
     ignored: list[str] = []
@@ -79,7 +83,7 @@ def changes(old: TrickleConf, new: TrickleConf, catalog_queries: dict[str, str])
             continue
         if was is None:
             was = spec  # declared again after a removal: only a changed query is applied
-        alter = alter_to(was, spec, catalog_queries[key])
+        alter = alter_to(was, spec, catalog_queries[key], (catalog_dialects or {}).get(key))
         if alter is not None:
             alters.append(alter)
     for key, spec in before.items():
@@ -92,29 +96,36 @@ def changes(old: TrickleConf, new: TrickleConf, catalog_queries: dict[str, str])
     return alters, ignored
 
 
-def alter_to(was: StreamTableSpec, now: StreamTableSpec, current_query: str) -> Alter | None:
-    """The ALTER from declaration ``was`` to ``now`` of a table whose catalog holds ``current_query`` (None: no
-    change): a query that differs from both, a new schedule (None never clears one), a new refresh mode."""
+def alter_to(was: StreamTableSpec, now: StreamTableSpec, current_query: str,
+             current_dialect: str | None = None) -> Alter | None:
+    """The ALTER from declaration ``was`` to ``now`` of a table whose catalog holds ``current_query`` written
+    in ``current_dialect`` (None: taken to be ``was``'s), or None when nothing changes: a query that differs
+    from both, a dialect that differs from both (an ALTER of the query: the same text may mean something else
+    in another dialect), a new schedule (None never clears one), a new refresh mode. A query is altered in
+    ``now``'s dialect, which the ALTER names when it is not the catalog's."""
     query = now.query if now.query != was.query and now.query.strip() != current_query.strip() else None
+    if now.dialect != was.dialect and now.dialect != current_dialect:
+        query = now.query
+    dialect = now.dialect if query is not None and now.dialect != (current_dialect or was.dialect) else None
     schedule = now.schedule if now.schedule != was.schedule and now.schedule is not None else None
     mode = now.refresh_mode if now.refresh_mode != was.refresh_mode else None
     if query is None and schedule is None and mode is None:
         return None
-    return Alter(now.name.lower(), query, schedule, mode)
+    return Alter(now.name.lower(), query, schedule, mode, dialect)
 
 
-def at_start(conf: TrickleConf, catalog: dict[str, tuple[str, str | None, str]]) -> list[Alter]:
+def at_start(conf: TrickleConf, catalog: dict[str, tuple[str, str | None, str, str]]) -> list[Alter]:
     """The ALTERs that bring stream tables already in the catalog (``catalog``: name -> (query, schedule,
-    refresh mode)) to the conf file a run starts with. Why: an edit made while no run was alive would
+    refresh mode, dialect)) to the conf file a run starts with. Why: an edit made while no run was alive would
     otherwise be ignored, and the table would go on answering its old query."""
     alters = []
     for spec in conf.stream_tables:
         current = catalog.get(spec.name.lower())
         if current is None:
             continue
-        query, schedule, mode = current
-        was = dataclasses.replace(spec, query=query, schedule=schedule, refresh_mode=mode)
-        alter = alter_to(was, spec, query)
+        query, schedule, mode, dialect = current
+        was = dataclasses.replace(spec, query=query, schedule=schedule, refresh_mode=mode, dialect=dialect)
+        alter = alter_to(was, spec, query, dialect)
         if alter is not None:
             alters.append(alter)
     return alters
@@ -124,9 +135,10 @@ def apply(st: StreamTables, alters: list[Alter], log: Any) -> None:
     """Run the ALTERs, each on its own: one that fails is logged and leaves its table's old definition."""
     for a in alters:
         try:
-            st.alter_stream_table(a.name, query=a.query, schedule=a.schedule, refresh_mode=a.refresh_mode)
+            st.alter_stream_table(a.name, query=a.query, schedule=a.schedule, refresh_mode=a.refresh_mode,
+                                  dialect=a.dialect)
             log.event("altered", name=a.name, query_changed=a.query is not None, schedule=a.schedule,
-                      refresh_mode=a.refresh_mode)
+                      refresh_mode=a.refresh_mode, **({"dialect": a.dialect} if a.dialect is not None else {}))
         except Exception as e:  # noqa: BLE001 - one bad definition must not stop the pipeline
             log.error(f"conf file: ALTER of stream table {a.name} failed, its old definition keeps running: "
                       f"{type(e).__name__}: {e}")
@@ -145,8 +157,8 @@ def reload(st: StreamTables, conf: TrickleConf, watched: ConfFile, log: Any) -> 
         log.error(f"conf file changed but cannot be used, nothing of it applied (the pipeline runs on as "
                   f"before): {e}")
         return conf
-    current = {d.name: d.query for d in st.catalog.all()}
-    alters, ignored = changes(conf, new, current)
+    defs = st.catalog.all()
+    alters, ignored = changes(conf, new, {d.name: d.query for d in defs}, {d.name: d.dialect for d in defs})
     log.event("conf_changed", conf=str(watched.path), alters=[a.name for a in alters])
     apply(st, alters, log)
     for note in ignored:

@@ -7,10 +7,10 @@ joining only the tuples the previous round added and keeping only tuples not see
 a round adds nothing — after at most as many rounds as the longest shortest derivation, cycles or not.
 
 The UNION ALL rules (counting, semi-naive) run their propagation here too, as weighted loops netted per
-round. Measured on a 40-row tree, Spark's own recursion costs 4-5 jobs per level (``UnionLoopExec`` counts
-each iteration, then collects it again when it is small, and every broadcast join is a job of its own);
-a round here costs about 2 (the count that fills the round's local checkpoint, and a broadcast), and
-netting a round sums path counts instead of enumerating paths.
+round. Spark's own recursion costs several jobs per level (``UnionLoopExec`` counts each iteration, then
+collects it again when it is small, and every broadcast join is a job of its own); a round here costs about
+2 (the count that fills the round's local checkpoint, and a broadcast), and netting a round sums path
+counts instead of enumerating paths (figures in docs/BENCHMARKS.md, "Figures behind the code").
 
 The results are global temporary views (the MERGE runs in another session of the same application) and
 are dropped, with their checkpoints, when the refresh is done.
@@ -51,8 +51,8 @@ _SNAPSHOT = re.compile(re.escape(HELD_SEED) + r"delta\.`((?:[^`]|``)+)` VERSION 
 _CHANGES = re.compile(re.escape(HELD_SEED) + r"table_changes_by_path\('((?:[^'\\]|\\.)*)', (\d+), (\d+)\)")
 #: the columns of Spark's ``table_changes`` a change window read on the driver adds to the table's own. Not
 #: ``_commit_timestamp``: delta-rs takes it from the commit's ``commitInfo``, Spark from the commit file's
-#: modification time (measured: 12 ms apart), and no delta rule reads it; a rule that did would fail to
-#: resolve it rather than read other values.
+#: modification time (the two differ: figures in docs/BENCHMARKS.md, "Figures behind the code"), and no
+#: delta rule reads it; a rule that did would fail to resolve it rather than read other values.
 _CHANGE_COLUMNS = (("_change_type", "string"), ("_commit_version", "long"))
 
 #: Settings for every session that reads loop results. A union of local checkpoints carries constraints
@@ -201,18 +201,18 @@ def _read_by_driver(session: Any, seed: str) -> Any | None:
     differently from Spark (see :func:`connectors.delta_rs.unreadable`).
 
     Why: Spark resolves a time-travel read by reconstructing the table's snapshot at that version and
-    planning its scan, and the held relation then costs a job of its own. Measured on a 200-row source read
-    twice by one query: 0.75-1.0 s through Spark, 0.15-0.2 s read here, warm, same process."""
+    planning its scan, and the held relation then costs a job of its own; a small table read here costs a
+    fraction of that (figures in docs/BENCHMARKS.md, "Figures behind the code")."""
     m = _SNAPSHOT.fullmatch(seed)
     max_rows = int(session.conf.get(READ_BY_DRIVER_ROWS, "100000"))
     max_bytes = int(session.conf.get(READ_BY_DRIVER_BELOW, str(1 << 20))) - 1
     if m is None or max_rows <= 0 or max_bytes <= 0:
         return None
     path, version = m.group(1).replace("``", "`"), int(m.group(2))
-    # A version's rows never change, so a relation read before is reused (measured on join_agg over 1M rows:
-    # reading the 1000-row dimension and handing it to Spark cost 20-40 ms of every refresh); the commit
-    # file's signature tells a table re-created at the same path from the one read before; a relation belongs
-    # to the Spark application that made it.
+    # A version's rows never change, so a relation read before is reused (reading a small dimension and
+    # handing it to Spark again cost every refresh: figures in docs/BENCHMARKS.md, "Figures behind the
+    # code"); the commit file's signature tells a table re-created at the same path from the one read before;
+    # a relation belongs to the Spark application that made it.
     log = DeltaLog(session, path)
     signature = log.commit_signature(version)
     key = (session.sparkContext.applicationId, path, version, signature, max_bytes, max_rows)

@@ -2,10 +2,11 @@
 tables that read that mirror are refreshed right away, beside the ingestion (:mod:`pipeline.fused_lanes`).
 
 Why: with a second streaming query per IMMEDIATE table polling the mirror's change feed, an event waited for
-the mirror's MERGE, then for that query's next trigger, then for its own read of the window (two queries
-and their triggers on two cores: about half of the 33 s p50 measured from producer to stream table in
-docs/BENCHMARKS.md). In pg_trickle, IMMEDIATE maintenance runs inside the writing transaction; on Spark the
-closest honest equivalent is the mirror commit followed at once by the refreshes it calls for.
+the mirror's MERGE, then for that query's next trigger, then for its own read of the window (two queries and
+their triggers on two cores: about half of the latency from producer to stream table; figures in
+docs/BENCHMARKS.md, "Figures behind the code"). In pg_trickle, IMMEDIATE maintenance runs inside the writing
+transaction; on Spark the closest honest equivalent is the mirror commit followed at once by the refreshes it
+calls for.
 
 Exactly-once is unchanged, because the refresh still decides *what* to apply from the frontier recorded in
 the stream table's own commit, never from the batch: a batch replayed after a crash re-applies its events

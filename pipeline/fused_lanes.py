@@ -16,11 +16,10 @@ latest versions, never from the batch. So exactly-once is untouched (what to app
 frontier), and a kill -9 at any point leaves at most marks unserved: the runtime marks every fused table
 once at start (the catch-up).
 
-Why wait at all: measured on 2 cores at 1k events/s, refreshes running *beside* the ingestion's next batch
-made both slower (the driver's GIL and two cores shared: a refresh took 0.54 s instead of about 0.2 s, the
-mirror commit 1.4 s instead of 0.6 s; producer to stream table p50 2.3 s against 0.75 s back to back). So in
-the normal case a batch and its refreshes still run back to back, and only a table slower than the budget,
-or failing, is left to its lane while the ingestion goes on.
+Why wait at all: on a small machine, refreshes running *beside* the ingestion's next batch made both slower
+(the driver's GIL and the cores are shared), and so the latency from producer to stream table too (figures in
+docs/BENCHMARKS.md, "Figures behind the code"). So in the normal case a batch and its refreshes still run back
+to back, and only a table slower than the budget, or failing, is left to its lane while the ingestion goes on.
 
 Order between lanes does not matter for correctness: a refresh first refreshes its stale upstream stream
 tables itself, under their per-table locks (:meth:`pipeline.refresh.Refresher.refresh`), so a downstream

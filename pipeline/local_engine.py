@@ -2,9 +2,8 @@
 
 Why: a differential refresh over a handful of changed rows is mostly Spark's fixed cost: analysing and
 optimising a long delta query, a Delta file-filtering job per distinct filtered scan, broadcasts, code
-generation. Measured on TPC-H at SF 1 (1,500 orders and their lineitems changed, the same rendered delta,
-same process, warm): Q1 3.6 s in Spark against 0.12 s here, Q5 5.2 s against 0.39 s, Q4 3.4 s against 0.65 s,
-Q6 1.3 s against 0.07 s, with the same rows and the same row ids. The commit is already delta-rs'
+generation. DuckDB on the driver computes the same rows and the same row ids in a fraction of that time
+(TPC-H figures in docs/BENCHMARKS.md, "Figures behind the code"). The commit is already delta-rs'
 (:mod:`connectors.delta_rs`), so such a refresh now never starts a Spark job.
 
 How: the rendered delta (Spark SQL, see :mod:`dvm.plan`) is parsed with sqlglot, its reads are pointed at

@@ -5,12 +5,13 @@ fresh ``__row_id``s; a tuple whose weight is negative loses ``-__dw`` of its sto
 ``__row_hash`` (which copies does not matter: they are equal).
 
 Why on the driver: picking the copies in Spark (:func:`dvm.plan.bag_changes_sql`) joins the negative tuples
-with every stored row's ``(__row_id, __row_hash)``: each refresh scans the whole table, or, for a small
-table, carries all of its rows as a local relation planned and shipped with every task (measured: most of
-a 0.86 s refresh of 100 changes to a 100K-row table). When the netted delta is small it is collected to the
-driver anyway, so the negative hashes are known before the table is read, and only the stored rows that
-carry them are fetched: by delta-rs with the hashes as a filter (no Spark job), or by Spark as a broadcast
-semi-join when delta-rs cannot read the table as Spark does. An insert-only delta reads no stored row.
+with every stored row's ``(__row_id, __row_hash)``: each refresh scans the whole table, or, for a small table,
+carries all of its rows as a local relation planned and shipped with every task (most of a small refresh's
+time: figures in docs/BENCHMARKS.md, "Figures behind the code"). When the netted delta is small it is
+collected to the driver anyway, so the negative hashes are known before the table is read, and only the stored
+rows that carry them are fetched: by delta-rs with the hashes as a filter (no Spark job), or by Spark as a
+broadcast semi-join when delta-rs cannot read the table as Spark does. An insert-only delta reads no stored
+row.
 
 The result follows the change-row contract of :mod:`dvm.plan`: the stored columns in table order and
 ``__del``; it is committed like any collected delta (see :mod:`pipeline.strategy`).

@@ -108,7 +108,7 @@ class Refresher:
         self._locks_guard = threading.Lock()
         #: why DuckDB cannot compute a table's delta, by (name, defining query): no second try (a reason that
         #: depends on the data, e.g. a change window too large, is not kept)
-        self._local_refused: dict[tuple[str, str], str] = {}
+        self._local_refused: dict[tuple[str, str, str], str] = {}
         self._thread = threading.local()
         #: how a member of a cycle of stream tables is refreshed: with its whole cycle, to a fixpoint
         #: (:func:`pipeline.cycles.refresh_component`, installed by :class:`pipeline.api.StreamTables`, which
@@ -154,7 +154,8 @@ class Refresher:
         if d.full_reason is not None:
             return None
         schemas = self.source_schemas(d, windows)
-        key = (d.name, d.maintained_query, tuple(d.names), repr(sorted(schemas.items())))
+        # the dialect too: the same text compiles to another plan in another dialect (an ALTER of it)
+        key = (d.name, d.maintained_query, d.dialect, tuple(d.names), repr(sorted(schemas.items())))
         if key not in self._plans:
             self._plans = {k: v for k, v in self._plans.items() if k[0] != d.name}
             plan = dvm.compile_query(d.maintained_query, schemas, d.dialect)
@@ -607,7 +608,7 @@ class Refresher:
         if not self._local_wanted(d, record):
             return None
         mode = local_engine.mode(self.conf)
-        key = (d.name, d.maintained_query)
+        key = (d.name, d.maintained_query, d.dialect)
         try:
             rows = local_engine.collect(self.spark, ctx, src, read_version, self.conf)
         except local_engine.Unsupported as e:
@@ -625,7 +626,7 @@ class Refresher:
     def _local_wanted(self, d: StreamTableDef, record: dict[str, Any]) -> bool:
         """Whether DuckDB should try this table's delta: the engine is on, and it did not refuse the query."""
         mode = local_engine.mode(self.conf)
-        refused = self._local_refused.get((d.name, d.maintained_query))
+        refused = self._local_refused.get((d.name, d.maintained_query, d.dialect))
         if refused is not None and mode == "auto":
             record["delta_engine"] = f"spark: {refused}"
         return mode != "off" and (refused is None or mode == "verify")
@@ -708,9 +709,8 @@ class Refresher:
         """Settings for the session of a collected delta job (and the fixpoints it reads): those of
         :func:`pipeline.fixpoints.read_conf`, and :data:`ONE_PARTITION` when the job reads fewer bytes than
         ``trickle.refresh.onePartitionBelowBytes`` (default 16 MiB). Why: on a few MiB each shuffle's tasks
-        and each local relation's broadcast tasks cost more than they parallelise. Measured on join_agg over
-        1M rows with 1% changed (17K change rows, 4 shuffle partitions otherwise), the setting flipped every
-        other refresh in one process: 594 -> 439 ms per refresh (medians of 8, warm)."""
+        and each local relation's broadcast tasks cost more than they parallelise (figures in
+        docs/BENCHMARKS.md, "Figures behind the code")."""
         conf = fixpoints.read_conf(ctx)
         limit = int(self.conf.get(ONE_PARTITION_BELOW, str(16 << 20)))
         read = ctx.bytes_read(sql) if limit > 0 else None
@@ -721,11 +721,10 @@ class Refresher:
         ``trickle.refresh.interpretedBelowBytes`` (default 256 KiB; 0 disables), counted as
         :meth:`_job_conf` counts them (change windows and the snapshots Spark scans; the relations the driver
         read are bounded by their own limits). Compiling generated code costs a small refresh about 0.1 s,
-        interpreting costs per row. Measured on an insert-only aggregate, 10 source commits per refresh, warm,
-        medians of 4: 1K change rows 0.49 s interpreted against 0.59 s generated, 100K rows (423 KB) 0.67
-        against 0.65 s, 1M rows 2.45 against 0.95 s. The rule before (the tables read, whole, under 64 MiB)
-        ran such a 1M-row window interpreted, and never applied once delta-rs, which writes no checksum
-        file, had committed to the table."""
+        interpreting costs per row, so the two break even at a few hundred KB of change data (figures in
+        docs/BENCHMARKS.md, "Figures behind the code"). The rule before (the tables read, whole, under 64
+        MiB) ran a 1M-row window interpreted, and never applied once delta-rs, which writes no checksum file,
+        had committed to the table."""
         limit = int(self.conf.get(INTERPRETED_BELOW, str(256 << 10)))
         read = ctx.bytes_read(sql) if limit > 0 else None
         return read is not None and read < limit

@@ -343,7 +343,7 @@ class Runtime:
         self.check_sources()
         existing = {str(r.get("name")) for r in self.st.status()}
         # tables whose conf entry was edited while no run was alive: brought to the conf first
-        defined = {d.name.lower(): (d.query, d.schedule, d.refresh_mode) for d in self.st.catalog.all()}
+        defined = {d.name.lower(): (d.query, d.schedule, d.refresh_mode, d.dialect) for d in self.st.catalog.all()}
         conf_reload.apply(self.st, conf_reload.at_start(self.conf, defined), self.log)
         declared = {s.name.lower() for s in self.conf.stream_tables}
         closing: list[Any] = []  # cycle members created over part of their query (pipeline.strata.bootstrap_query)
@@ -351,7 +351,7 @@ class Runtime:
         while todo and not stop.is_set():
             for spec in todo:  # the first that can be created, whole or (a cycle's) over a UNION branch
                 missing = {r for r in query_sources(spec) if r in declared and not self.st.catalog.exists(r)}
-                query = strata.bootstrap_query(spec.query, missing) if missing else spec.query
+                query = strata.bootstrap_query(spec.query, missing, spec.dialect) if missing else spec.query
                 if query is not None:
                     break
             else:
@@ -360,7 +360,8 @@ class Runtime:
                                   "from; such a cycle has no rows (its least fixpoint is empty)")
             if missing:
                 closing.append(spec)
-            self.st.create_stream_table(spec.name, query, schedule=spec.schedule, refresh_mode=spec.refresh_mode)
+            self.st.create_stream_table(spec.name, query, schedule=spec.schedule, refresh_mode=spec.refresh_mode,
+                                        dialect=spec.dialect)
             self.log.event("created", name=spec.name, refresh_mode=spec.refresh_mode, schedule=spec.schedule)
             todo.remove(spec)
         for spec in closing:

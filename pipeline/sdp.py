@@ -632,12 +632,15 @@ def create(st: StreamTables, project: SdpProject, log: Any, stop: threading.Even
 
 def _create_table(st: StreamTables, spec: StreamTableSpec, current: Any, log: Any) -> None:
     if current is None:
-        st.create_stream_table(spec.name, spec.query, schedule=spec.schedule, refresh_mode=spec.refresh_mode)
+        st.create_stream_table(spec.name, spec.query, schedule=spec.schedule, refresh_mode=spec.refresh_mode,
+                               dialect=spec.dialect)
         log.event("created", name=spec.name, refresh_mode=spec.refresh_mode, schedule=spec.schedule)
         return
-    was = replace(spec, query=current.query, schedule=current.schedule, refresh_mode=current.refresh_mode)
-    a = conf_reload.alter_to(was, spec, current.query)
+    was = replace(spec, query=current.query, schedule=current.schedule, refresh_mode=current.refresh_mode,
+                  dialect=current.dialect)
+    a = conf_reload.alter_to(was, spec, current.query, current.dialect)
     if a is not None:  # raised, not logged as conf_reload.apply does: the caller names the declaration
-        st.alter_stream_table(spec.name, schedule=a.schedule, refresh_mode=a.refresh_mode, query=a.query)
+        st.alter_stream_table(spec.name, schedule=a.schedule, refresh_mode=a.refresh_mode, query=a.query,
+                              dialect=a.dialect)
         log.event("altered", name=spec.name, query_changed=a.query is not None, schedule=a.schedule,
                   refresh_mode=a.refresh_mode)

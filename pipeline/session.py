@@ -27,9 +27,9 @@ SMALL_MACHINE_DEFAULTS: dict[str, str] = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.databricks.delta.stateReconstructionValidation.enabled": "false",
-    # Measured on a 1-row MERGE: AQE turns every query stage into its own Spark job (10 jobs -> 6 without
-    # it), and small tables keep their file list in the .crc checksum, so a new snapshot is loaded without
-    # a state-reconstruction job. A refresh's fixed cost is its number of jobs.
+    # AQE turns every query stage into its own Spark job, and small tables keep their file list in the .crc
+    # checksum, so a new snapshot is loaded without a state-reconstruction job. A refresh's fixed cost is its
+    # number of jobs (figures in docs/BENCHMARKS.md, "Figures behind the code").
     "spark.sql.adaptive.enabled": "false",
     "spark.databricks.delta.allFilesInCrc.enabled": "true",
     "spark.databricks.delta.allFilesInCrc.verificationMode.enabled": "false",
@@ -41,8 +41,8 @@ SMALL_MACHINE_DEFAULTS: dict[str, str] = {
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
     # A refresh runs inside a streaming query's thread (IMMEDIATE foreachBatch), already deep in frames;
     # a join + aggregate delta is long SQL text, and a JDK regex over it recursed past the default 1 MB
-    # thread stack (StackOverflowError measured in benchmarks/kafka_freshness.py). Stacks are reserved
-    # lazily, so a larger default costs address space, not memory.
+    # thread stack (docs/BENCHMARKS.md, "Figures behind the code"). Stacks are reserved lazily, so a larger
+    # default costs address space, not memory.
     "spark.driver.extraJavaOptions": "-Xss16m",
 }
 

@@ -42,9 +42,9 @@ DELTA_RS = "trickle.apply.deltaRs"
 #: Spark conf: a delta that deletes or updates rows of a table holding more rows than this is merged by Spark
 #: with deletion vectors (turned on for the table when first needed): delta-rs rewrites every file a change
 #: touches, and scattered changes touch every file of a big table, so its cost grows with the table. Still,
-#: Spark's MERGE with deletion vectors costs more at 10M rows (18 jobs, the table read four times): measured
-#: side by side on a 10M-row plain-rows table, 2.6 s (delta-rs) against 9.0 s for 100 changed rows and 2.9 s
-#: against 11.6 s for 10K. Above 50M rows (not measured) deletion vectors are assumed to pay.
+#: Spark's MERGE with deletion vectors costs more than delta-rs' rewrite at 10M rows (it reads the table
+#: several times; figures in docs/BENCHMARKS.md, "Figures behind the code"). Above 50M rows (not compared)
+#: deletion vectors are assumed to pay.
 DV_ABOVE_ROWS = "trickle.apply.deletionVectorsAboveRows"
 #: Spark conf: when the files a change deletes rows from are expected to hold more rows than this (see
 #: :func:`rewritten_rows`), a plain-rows table has those rows marked in deletion vectors by spark-trickle's own

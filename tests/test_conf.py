@@ -812,13 +812,58 @@ def test_query_file_is_read_relative_to_the_conf(tmp_path: Path) -> None:
             stream_table(refresh="FULL"),
             (
                 "unknown key 'refresh' at stream_tables[0] 'totals'",
-                "allowed: max_staleness, name, query, query_file, refresh_mode",
+                "allowed: dialect, max_staleness, name, query, query_file, refresh_mode",
             ),
         ),
+        (
+            stream_table(dialect="postgress"),
+            ("stream_tables[0] 'totals': 'dialect': unknown SQL dialect 'postgress': use one of", "postgres"),
+        ),
+        (stream_table(dialect=5), ("stream_tables[0] 'totals': 'dialect': unknown SQL dialect 5",)),
+        (stream_table(dialect=""), ("'dialect': unknown SQL dialect ''",)),
     ],
 )
 def test_bad_stream_tables(tmp_path: Path, entry: dict[str, Any], fragments: tuple[str, ...]) -> None:
     conf_error(tmp_path, {"stream_tables": [entry]}, *fragments)
+
+
+def test_dialect_is_the_one_the_query_is_read_in(tmp_path: Path) -> None:
+    """``dialect`` defaults to spark and is kept lower case; the loader reads the query in it (its sources,
+    the cycle check), so a PostgreSQL-only query loads with ``dialect: postgres`` and is invalid SQL
+    without it."""
+    from pipeline.conf import creation_order
+
+    postgres = "SELECT id::INT AS id FROM base WHERE name ~ '^a' AND name ILIKE 'A%'"
+    conf = load(tmp_path, {"stream_tables": [stream_table(name="top", query=postgres, dialect="Postgres"),
+                                             stream_table(name="base", query="SELECT id, name FROM src")]})
+    assert [(s.name, s.dialect) for s in conf.stream_tables] == [("top", "postgres"), ("base", "spark")]
+    assert [s.name for s in creation_order(conf.stream_tables)] == ["base", "top"]
+    assert load(tmp_path, {"stream_tables": [stream_table(dialect=None)]}).stream_tables[0].dialect == "spark"
+    conf_error(tmp_path, {"stream_tables": [stream_table(name="top", query=postgres)]},
+               "stream_tables[0] 'top'.query", "SQL")
+
+
+def test_a_changed_dialect_is_a_changed_query(tmp_path: Path) -> None:
+    """An edit of ``dialect`` alone ALTERs the query (the same text, read in the new dialect), as a running
+    ``trickle run`` and the next start apply it; an edit of the query alone is altered in the conf's dialect
+    when the catalog holds another; nothing when the catalog already has the conf's."""
+    from pipeline.conf_reload import Alter, at_start, changes
+
+    q = "SELECT id FROM src WHERE name ILIKE 'a%'"
+    old = load(tmp_path, {"stream_tables": [stream_table(name="a", query=q)]})
+    new = load(tmp_path, {"stream_tables": [stream_table(name="a", query=q, dialect="postgres")]})
+    assert changes(old, new, {"a": q}, {"a": "spark"})[0] == [Alter("a", query=q, dialect="postgres")]
+    assert changes(old, new, {"a": q})[0] == [Alter("a", query=q, dialect="postgres")]
+    assert changes(old, new, {"a": q}, {"a": "postgres"})[0] == [], "the catalog already reads it so"
+    assert changes(new, new, {"a": q}, {"a": "postgres"})[0] == []
+    edited = load(tmp_path, {"stream_tables": [stream_table(name="a", query=q + " AND id > 1", dialect="postgres")]})
+    assert changes(new, edited, {"a": q}, {"a": "postgres"})[0] == [Alter("a", query=q + " AND id > 1")]
+    assert changes(new, edited, {"a": q}, {"a": "spark"})[0] == [Alter("a", query=q + " AND id > 1",
+                                                                       dialect="postgres")]
+    (spec,) = new.stream_tables
+    assert at_start(new, {"a": (q, spec.schedule, spec.refresh_mode, "spark")}) == [
+        Alter("a", query=q, dialect="postgres")]
+    assert at_start(new, {"a": (q, spec.schedule, spec.refresh_mode, "postgres")}) == []
 
 
 def test_duplicate_stream_tables(tmp_path: Path) -> None:

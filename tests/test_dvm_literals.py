@@ -322,3 +322,10 @@ def test_stream_table_in_postgres_dialect_refreshes_as_spark_computes_it(
     result = st.refresh_stream_table(name)
     assert result.action == "FULL", result
     assert _bag(st.read(name)) == _bag(spark.sql(as_spark)) and sum(_bag(st.read(name)).values()) == 2
+    # the dialect alone altered (as an edited conf file does): the same text, read as Spark SQL now, where
+    # "region" is a string, so every row falls in one group
+    st.alter_stream_table(name, dialect="Spark")
+    assert st.catalog.get(name).dialect == "spark"
+    as_spark = as_spark.replace("SELECT region", "SELECT 'region'").replace("GROUP BY region", "GROUP BY 'region'")
+    assert _bag(st.read(name)) == _bag(spark.sql(as_spark)) and sum(_bag(st.read(name)).values()) == 1
+    assert st.history(name)[0]["action"] == "REINITIALIZE", st.history(name)[0]
