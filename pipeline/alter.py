@@ -36,13 +36,13 @@ from pipeline.errors import CatalogError, SourceChangedError, TrickleError
 from pipeline.modes import RefreshMode, TableStatus
 
 if TYPE_CHECKING:
-    from pipeline.api import StreamTables
+    from pipeline.host import StreamTablesHost
 
 #: the reason an altered table's re-initialization records
 QUERY_CHANGED = "query changed"
 
 
-def change_query(st: StreamTables, d: StreamTableDef, query: str, dialect: str | None = None) -> None:
+def change_query(st: StreamTablesHost, d: StreamTableDef, query: str, dialect: str | None = None) -> None:
     """Give stream table ``d`` (with any schedule / mode / status changes of the same ALTER applied) the
     defining query ``query``, written in ``dialect`` (None: the table's): check, re-initialize, re-validate
     dependents (see the module docstring)."""
@@ -63,7 +63,7 @@ def _args(e: TrickleError, message: str) -> tuple[object, ...]:
     return (construct, message) if construct is not None else (message,)
 
 
-def check_cycles(st: StreamTables, d: StreamTableDef, draft: StreamTableDef) -> None:
+def check_cycles(st: StreamTablesHost, d: StreamTableDef, draft: StreamTableDef) -> None:
     """CatalogError when the new query would put ``d`` in a cycle the pipeline may not hold: any cycle
     unless it allows them (``allow_circular``), else a cycle through a non-monotone edge, named with its
     operator (:func:`pipeline.strata.check`)."""
@@ -87,7 +87,7 @@ def check_cycles(st: StreamTables, d: StreamTableDef, draft: StreamTableDef) -> 
                            "query stays in place")
 
 
-def check_no_cycle(st: StreamTables, key: str, sources: dict[str, SourceInfo]) -> None:
+def check_no_cycle(st: StreamTablesHost, key: str, sources: dict[str, SourceInfo]) -> None:
     """CatalogError when a stream table among ``sources`` reads ``key``, directly or through others: the
     new query would make ``key`` read itself."""
     todo = [(k, [key, k]) for k, s in sources.items() if s.kind == "stream_table"]
@@ -104,7 +104,7 @@ def check_no_cycle(st: StreamTables, key: str, sources: dict[str, SourceInfo]) -
         todo += [(k, trail + [k]) for k, s in st.catalog.get(up).sources.items() if s.kind == "stream_table"]
 
 
-def redefine(st: StreamTables, d: StreamTableDef, draft: StreamTableDef, reason: str) -> None:
+def redefine(st: StreamTablesHost, d: StreamTableDef, draft: StreamTableDef, reason: str) -> None:
     """Replace the definition of ``d`` by the checked ``draft``, re-initialize the table (REINITIALIZE with
     ``reason``), then re-validate its dependents when its columns changed."""
     key = d.name
@@ -137,12 +137,12 @@ def redefine(st: StreamTables, d: StreamTableDef, draft: StreamTableDef, reason:
         revalidate_dependents(st, key, prior.names, after.names)
 
 
-def _committed_refresh_id(st: StreamTables, d: StreamTableDef) -> str | None:
+def _committed_refresh_id(st: StreamTablesHost, d: StreamTableDef) -> str | None:
     found = DeltaLog(st.spark, d.path).last_trickle_commit()
     return found[1].get("refresh_id") if found is not None else None
 
 
-def revalidate_dependents(st: StreamTables, key: str, old_names: list[str], new_names: list[str]) -> None:
+def revalidate_dependents(st: StreamTablesHost, key: str, old_names: list[str], new_names: list[str]) -> None:
     """Check each stream table reading ``key`` (whose columns changed from ``old_names`` to ``new_names``)
     with its own query: ERROR naming the missing columns when it no longer compiles, else re-define and
     re-initialize it (see :func:`redefine`)."""
@@ -177,7 +177,7 @@ def missing_message(dep: StreamTableDef, key: str, removed: list[str], new_names
             f"those columns (trickle alter {dep.name} --query ...), or alter {key} back")
 
 
-def mark_error(st: StreamTables, d: StreamTableDef, message: str) -> None:
+def mark_error(st: StreamTablesHost, d: StreamTableDef, message: str) -> None:
     """Put ``d`` in ERROR with ``message``, recorded in its history as a failed refresh would be."""
     now = time.time()
     st.refresher._record_error(d, now, time.perf_counter(), SourceChangedError(message))

@@ -12,7 +12,7 @@ import dvm
 from connectors.delta_log import DeltaLog
 from connectors.storage import strip_file_scheme
 from dvm import PREV, quote
-from pipeline import cycles, fixpoints, metastore, strata
+from pipeline import alter, cycles, fixpoints, metastore, pg_ivm, read_your_writes, strata
 from pipeline.catalog import (
     NAME_MAX_LENGTH,
     NAME_RE,
@@ -347,9 +347,8 @@ class StreamTables:
             if s == TableStatus.ACTIVE:
                 d.consecutive_errors = 0
         if query is not None:
-            from pipeline.alter import change_query
 
-            change_query(self, d, query, dialect)
+            alter.change_query(self, d, query, dialect)
             return
         self.catalog.put(d)
 
@@ -557,9 +556,8 @@ class StreamTables:
         waiting up to ``timeout`` seconds for it (``refresh``: who refreshes meanwhile, see
         :mod:`pipeline.read_your_writes`)."""
         if consistent:
-            from pipeline.read_your_writes import consistent_read
 
-            return consistent_read(self, name, timeout, refresh)
+            return read_your_writes.consistent_read(self, name, timeout, refresh)
         d = self.catalog.get(validate_name(name))
         cols = ", ".join(quote(n) for n in d.names)
         return self.spark.sql(f"SELECT {cols} FROM delta.{quote(d.path)}")
@@ -614,7 +612,6 @@ class StreamTables:
         """Commit ``data`` (a DataFrame, a SELECT, or one INSERT/UPDATE/DELETE/MERGE of ``table``) to the Delta
         table ``table``; return once every IMMEDIATE stream table reading it reflects the commit. Returns the
         table's version holding the write. See :func:`pipeline.read_your_writes.write`."""
-        from pipeline import read_your_writes
 
         return read_your_writes.write(self, table, data, mode, timeout, refresh)
 
@@ -623,7 +620,6 @@ class StreamTables:
         """Return once stream table ``name`` reflects ``version`` (or later) of its base table ``source``:
         for a writer that committed by other means. Returns ``{"version": <the stream table's version>,
         "base_frontier": {<base table path>: <version reflected>}}``; ConsistencyTimeout after ``timeout``."""
-        from pipeline import read_your_writes
 
         r = read_your_writes.wait_for(self, name, source, version, timeout, refresh)
         return {"version": r.version, "base_frontier": dict(r.base)}
@@ -633,27 +629,23 @@ class StreamTables:
     def create_immv(self, name: str, query: str, start: bool = True) -> int:
         """pg_ivm's ``create_immv``: an IMMEDIATE stream table, populated now, maintained by a streaming query
         of this process (``start``); returns its number of rows."""
-        from pipeline import pg_ivm
 
         return pg_ivm.create_immv(self, name, query, start)
 
     def refresh_immv(self, name: str, with_data: bool = True, start: bool = True) -> int:
         """pg_ivm's ``refresh_immv``: ``with_data`` replaces the contents and resumes maintenance (returns the
         rows); otherwise the IMMV is emptied and no longer maintained (returns 0)."""
-        from pipeline import pg_ivm
 
         return pg_ivm.refresh_immv(self, name, with_data, start)
 
     def get_immv_def(self, name: str) -> str:
         """pg_ivm's ``get_immv_def``: the defining query."""
-        from pipeline import pg_ivm
 
         return pg_ivm.get_immv_def(self, name)
 
     def pg_ivm_immv(self) -> Any:
         """pg_ivm's catalog: registers the temp view ``pg_ivm_immv`` (immvrelid, viewdef, ispopulated,
         lastivmupdate) and the SQL function ``get_immv_def``; returns the view."""
-        from pipeline import pg_ivm
 
         return pg_ivm.register(self)
 

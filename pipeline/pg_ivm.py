@@ -32,7 +32,7 @@ from pipeline.errors import CatalogError
 from pipeline.modes import RefreshMode, TableStatus
 
 if TYPE_CHECKING:
-    from pipeline.api import StreamTables
+    from pipeline.host import StreamTablesHost
 
 #: The pending re-initialization an unpopulated IMMV carries (``StreamTableDef.reinitialize``): its contents
 #: were deleted outside any refresh, so its frontier no longer describes them and the next refresh must
@@ -45,7 +45,7 @@ VIEW = "pg_ivm_immv"
 FUNCTION = "get_immv_def"
 
 
-def create_immv(st: StreamTables, name: str, query: str, start: bool = True) -> int:
+def create_immv(st: StreamTablesHost, name: str, query: str, start: bool = True) -> int:
     """pg_ivm's ``create_immv``: an IMMEDIATE stream table, populated now; the number of its rows."""
     st.create_stream_table(name, query, schedule=None, refresh_mode=RefreshMode.IMMEDIATE)
     key = validate_name(name)
@@ -55,7 +55,7 @@ def create_immv(st: StreamTables, name: str, query: str, start: bool = True) -> 
     return int(st.read(key).count())
 
 
-def refresh_immv(st: StreamTables, name: str, with_data: bool = True, start: bool = True) -> int:
+def refresh_immv(st: StreamTablesHost, name: str, with_data: bool = True, start: bool = True) -> int:
     """pg_ivm's ``refresh_immv``: repopulate and resume (``with_data``), or unpopulate and stop; the number
     of rows the IMMV then holds."""
     key = validate_name(name)
@@ -75,7 +75,7 @@ def refresh_immv(st: StreamTables, name: str, with_data: bool = True, start: boo
     return int(st.read(key).count())
 
 
-def get_immv_def(st: StreamTables, name: str) -> str:
+def get_immv_def(st: StreamTablesHost, name: str) -> str:
     """pg_ivm's ``get_immv_def``: the query the IMMV (any stream table) was declared with."""
     return st.catalog.get(validate_name(name)).query
 
@@ -85,7 +85,7 @@ def is_populated(d: StreamTableDef) -> bool:
     return d.reinitialize != UNPOPULATED
 
 
-def catalog_rows(st: StreamTables) -> list[tuple[str, str, bool, int | None]]:
+def catalog_rows(st: StreamTablesHost) -> list[tuple[str, str, bool, int | None]]:
     """``pg_ivm_immv``'s rows: one per IMMEDIATE stream table, by name."""
     rows = []
     for d in st.catalog.all():
@@ -96,7 +96,7 @@ def catalog_rows(st: StreamTables) -> list[tuple[str, str, bool, int | None]]:
     return rows
 
 
-def register(st: StreamTables) -> Any:
+def register(st: StreamTablesHost) -> Any:
     """Register the temporary view ``pg_ivm_immv`` and the SQL function ``get_immv_def(immvrelid)`` in this
     session; return the view as a DataFrame."""
     spark = st.spark
@@ -109,7 +109,7 @@ def register(st: StreamTables) -> Any:
     return spark.table(VIEW)
 
 
-def _refresh_view(st: StreamTables) -> None:
+def _refresh_view(st: StreamTablesHost) -> None:
     """Keep an already registered ``pg_ivm_immv`` current after create_immv / refresh_immv."""
     try:
         registered = bool(st.spark.catalog.tableExists(VIEW))
@@ -119,7 +119,7 @@ def _refresh_view(st: StreamTables) -> None:
         register(st)
 
 
-def _unpopulate(st: StreamTables, d: StreamTableDef) -> None:
+def _unpopulate(st: StreamTablesHost, d: StreamTableDef) -> None:
     """Stop maintaining ``d`` and delete its rows. The order matters: the catalog first says SUSPENDED and
     "re-initialize", so that no refresh (of this process or another) applies a delta to the emptied table;
     then the rows go; then the mark is written again, in case a refresh that was already running cleared

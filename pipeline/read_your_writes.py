@@ -54,7 +54,7 @@ from pipeline.errors import (
 from pipeline.modes import RefreshMode, TableStatus
 
 if TYPE_CHECKING:
-    from pipeline.api import StreamTables
+    from pipeline.host import StreamTablesHost
 
 #: How long a default wait lasts before it gives up (seconds).
 DEFAULT_TIMEOUT_S = 60.0
@@ -82,7 +82,7 @@ def normalized(path: str) -> str:
     return (path[len("file:"):] if path.startswith("file:") else path).rstrip("/")
 
 
-def reflected(st: StreamTables, name: str) -> Reflected:
+def reflected(st: StreamTablesHost, name: str) -> Reflected:
     """What stream table ``name`` reflects at its latest version. The version is read first and the catalog
     after it, so a soft frontier is used only when it describes that very version."""
     path = st.catalog.get(name).path
@@ -104,7 +104,7 @@ def reflected(st: StreamTables, name: str) -> Reflected:
     return Reflected(version, {normalized(str(p)): int(v) for p, v in base.items()})
 
 
-def base_paths(st: StreamTables, d: StreamTableDef, seen: set[str] | None = None) -> set[str]:
+def base_paths(st: StreamTablesHost, d: StreamTableDef, seen: set[str] | None = None) -> set[str]:
     """The base Delta tables ``d`` reads, directly or through upstream stream tables (their paths)."""
     seen = set() if seen is None else seen
     seen.add(d.name)
@@ -117,7 +117,7 @@ def base_paths(st: StreamTables, d: StreamTableDef, seen: set[str] | None = None
     return out
 
 
-def readers_of(st: StreamTables, path: str) -> list[StreamTableDef]:
+def readers_of(st: StreamTablesHost, path: str) -> list[StreamTableDef]:
     """The IMMEDIATE stream tables a write to the base table at ``path`` must reach before it returns:
     those reading it directly or transitively, except SUSPENDED ones (not maintained: pg_ivm's
     unpopulated IMMVs, see :mod:`pipeline.pg_ivm`)."""
@@ -125,7 +125,7 @@ def readers_of(st: StreamTables, path: str) -> list[StreamTableDef]:
             if d.refresh_mode == RefreshMode.IMMEDIATE and d.status != TableStatus.SUSPENDED and path in base_paths(st, d)]
 
 
-def location(st: StreamTables, table: str) -> str:
+def location(st: StreamTablesHost, table: str) -> str:
     """The location of the Delta table ``table`` (a name, or ``delta.`/path```); SourceError when there is
     none, CatalogError for a stream table (only its refreshes write it). A name a stream table's query uses
     is resolved from the catalog: ``DESCRIBE DETAIL`` is a Spark job, seconds while streaming queries run."""
@@ -162,7 +162,7 @@ def validate_name_ok(name: str) -> bool:
     return True
 
 
-def wait_for(st: StreamTables, name: str, source: str, version: int, timeout: float = DEFAULT_TIMEOUT_S,
+def wait_for(st: StreamTablesHost, name: str, source: str, version: int, timeout: float = DEFAULT_TIMEOUT_S,
              refresh: bool | None = None) -> Reflected:
     """Return once stream table ``name`` reflects ``version`` (or later) of its base table ``source`` (a
     name as in its query, or ``delta.`/path```): what a writer calls after its own commit. Returns what the
@@ -174,7 +174,7 @@ def wait_for(st: StreamTables, name: str, source: str, version: int, timeout: fl
     return _until_covered(st, key, {path: int(version)}, timeout, refresh, f"version {version} of {source}")
 
 
-def write(st: StreamTables, table: str, data: Any, mode: str = "append", timeout: float = DEFAULT_TIMEOUT_S,
+def write(st: StreamTablesHost, table: str, data: Any, mode: str = "append", timeout: float = DEFAULT_TIMEOUT_S,
           refresh: bool | None = None) -> int:
     """Commit ``data`` to the Delta table ``table``, then wait until every IMMEDIATE stream table reading
     it reflects the commit; return the table's version that holds the write (a later one if another writer
@@ -208,7 +208,7 @@ def write(st: StreamTables, table: str, data: Any, mode: str = "append", timeout
     return version
 
 
-def consistent_read(st: StreamTables, name: str, timeout: float = DEFAULT_TIMEOUT_S,
+def consistent_read(st: StreamTablesHost, name: str, timeout: float = DEFAULT_TIMEOUT_S,
                     refresh: bool | None = None) -> Any:
     """Stream table ``name`` at a version reflecting every commit its base tables had when this was called:
     a DataFrame pinned to that version (later refreshes do not change it)."""
@@ -218,7 +218,7 @@ def consistent_read(st: StreamTables, name: str, timeout: float = DEFAULT_TIMEOU
     return st.spark.sql(f"SELECT {cols} FROM delta.{quote(d.path)} VERSION AS OF {at.version}")
 
 
-def consistent_snapshot(st: StreamTables, name: str, timeout: float = DEFAULT_TIMEOUT_S,
+def consistent_snapshot(st: StreamTablesHost, name: str, timeout: float = DEFAULT_TIMEOUT_S,
                         refresh: bool | None = None) -> Reflected:
     """The version of stream table ``name`` :func:`consistent_read` reads, and what it reflects: one covering
     the latest version every base table it reads had when this was called."""
@@ -237,7 +237,7 @@ def consistent_snapshot(st: StreamTables, name: str, timeout: float = DEFAULT_TI
 # --- internals ---
 
 
-def _source_path(st: StreamTables, d: StreamTableDef, source: str) -> str:
+def _source_path(st: StreamTablesHost, d: StreamTableDef, source: str) -> str:
     """The base table ``source`` names, as one of the paths ``d`` reads; CatalogError when it reads none."""
     paths = base_paths(st, d)
     key = source.strip().lower()
@@ -258,7 +258,7 @@ def _source_path(st: StreamTables, d: StreamTableDef, source: str) -> str:
     return path
 
 
-def _until_covered(st: StreamTables, name: str, wanted: dict[str, int], timeout: float, refresh: bool | None,
+def _until_covered(st: StreamTablesHost, name: str, wanted: dict[str, int], timeout: float, refresh: bool | None,
                    what: str) -> Reflected:
     """Wait until ``name`` reflects at least ``wanted`` (base path -> version); see the module docstring
     for who refreshes it meanwhile."""
@@ -302,7 +302,7 @@ def _versions(by_path: dict[str, int]) -> str:
     return ", ".join(f"{p} @ {'nothing' if v < 0 else v}" for p, v in sorted(by_path.items()))
 
 
-def _write_sql(st: StreamTables, table: str, path: str, text: str, mode: str) -> None:
+def _write_sql(st: StreamTablesHost, table: str, path: str, text: str, mode: str) -> None:
     """Run a SELECT as an insert of its rows into ``table``, or a DML statement that writes ``table``."""
     statement = text.strip().rstrip(";")
     try:
