@@ -47,14 +47,22 @@ def decide(d: StreamTableDef, pre: Mapping[str, int] | None, windows: Mapping[st
     windows' post versions. ``replaced``: sources dropped and re-created (key -> why); ``verdict``: what the
     sources' schemas mean for the query (:mod:`pipeline.source_schema`; None before the first refresh);
     ``strict``: no fallback from DIFFERENTIAL to FULL. Raises when the table cannot be refreshed as asked."""
-    post = {k: w.post for k, w in windows.items()}
-    if pre is not None and dict(pre) == post and not replaced and d.reinitialize is None:
+    if nothing_moved(d, pre, windows, replaced):
         return Decision(RefreshAction.NO_DATA, "no source changed since the last refresh")
+    post = {k: w.post for k, w in windows.items()}
     ratio = change_ratio(pre, windows)
     action, reason = _action(d, pre, post, windows, replaced, ratio, verdict, strict)
     if verdict is not None and verdict.notes:
         reason = f"{reason}; {'; '.join(verdict.notes)}"
     return Decision(RefreshAction(action), reason, ratio)
+
+
+def nothing_moved(d: StreamTableDef, pre: Mapping[str, int] | None, windows: Mapping[str, SourceWindow],
+                  replaced: Mapping[str, str]) -> bool:
+    """Rule 1: the table was populated, every source is where it was, none was re-created, and no
+    re-initialisation is pending."""
+    return (pre is not None and dict(pre) == {k: w.post for k, w in windows.items()} and not replaced
+            and d.reinitialize is None)
 
 
 def change_ratio(pre: Mapping[str, int] | None, windows: Mapping[str, SourceWindow]) -> float | None:

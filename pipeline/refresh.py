@@ -53,7 +53,7 @@ from pipeline import (
     transaction_logs,
 )
 from pipeline.catalog import Catalog, StreamTableDef
-from pipeline.decision import RefreshResult, decide
+from pipeline.decision import RefreshResult, decide, nothing_moved
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 from pipeline.modes import RefreshAction, RefreshMode, TableStatus
 from pipeline.session_conf import ConfReads
@@ -231,7 +231,7 @@ class Refresher:
             started = time.time()
             t0 = time.perf_counter()
             try:
-                with self._conf_reads(), delta_errors.typed():
+                with self._conf_reads():
                     return self._refresh(d, started, t0, pin)
             except _Inconsistent:
                 raise
@@ -343,8 +343,9 @@ class Refresher:
             if known.get(key) not in (None, new_id) and key not in replaced:
                 replaced[key] = f"source {key} was dropped and re-created (Delta table id {known[key]} -> {new_id})"
         base = self.base_frontier(d, post)
-        moved = pre != post or bool(replaced) or d.reinitialize is not None
-        verdict = self._schema_verdict(d, windows) if pre is not None and moved else None
+        # the schema verdict only when something moved: a NO_DATA refresh stays a few file reads
+        verdict = (self._schema_verdict(d, windows) if pre is not None and not nothing_moved(d, pre, windows, replaced)
+                   else None)
         decision = decide(d, pre, windows, replaced, verdict, self.is_strict())
         if decision.action == RefreshAction.NO_DATA:
             result = RefreshResult(d.name, RefreshAction.NO_DATA, decision.reason, duration_ms=(time.perf_counter() - t0) * 1000,
@@ -956,9 +957,11 @@ class _Committed:
 
 
 def _is_write_conflict(e: BaseException) -> bool:
-    """Another writer committed first: Delta's own conflict (typed where it entered, see
-    :mod:`connectors.delta_errors`) or a commit of ours found lost (:class:`delta_sink.CommitLost`)."""
-    return isinstance(e, delta_sink.CommitLost | delta_errors.CommitConflict)
+    """Another writer committed first: Delta's own conflict, by its class (:mod:`connectors.delta_errors`), or a
+    commit of ours found lost (:class:`delta_sink.CommitLost`). Only the question is asked here: any other
+    error, an OSError of the catalog's files included, reaches the caller as it was raised."""
+    return isinstance(e, delta_sink.CommitLost | delta_errors.CommitConflict) or isinstance(
+        delta_errors.classified(e), delta_errors.CommitConflict)
 
 
 _first_line = history.first_line
