@@ -5,8 +5,9 @@ inserts new rows. Copy-on-write (delta-rs' MERGE, Spark's MERGE without deletion
 file that holds a deleted row, and scattered deletions touch every file, so the commit costs as much as
 rewriting the table: at 10M stored rows, nearly all of a refresh that deletes a few dozen rows. Here each touched
 file keeps its bytes and gets a *deletion vector* (Delta's ``deletionVectors`` table feature) listing the
-positions of its deleted rows; what the commit costs is one read of the ``__row_hash`` column of the live
-files (8 bytes a row, to find the positions), a file of inserted rows, a change-data file and the commit.
+positions of its deleted rows; what the commit costs is a binary search of each live file's sorted hashes
+(:mod:`connectors.hash_index`, built from one read of its ``__row_hash`` column the first time), a file of
+inserted rows, a change-data file and the commit.
 
 Why written here: delta-rs reads deletion vectors but writes none (delta-io/delta-rs#4512), and Spark's MERGE
 with them still joins the whole table to find the matched rows (figures in docs/BENCHMARKS.md, "Deletions
@@ -55,6 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from connectors import hash_index
 from connectors.delta_log import TRICKLE_KEY, DeltaLog
 from connectors.delta_rs import CommitFailed
 from connectors.storage import local_path
@@ -268,10 +270,12 @@ def unusable(path: str, protocol: dict[str, Any] | None, configuration: dict[str
     return None
 
 
-def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array) -> pa.Table:
+def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array,
+           index_bytes: int = hash_index.DEFAULT_BUDGET) -> pa.Table:
     """``__file``, ``__position``, ``__row_id`` and ``__row_hash`` of every live stored row whose hash is in
-    ``hashes``: each live file's two id columns are read (files whose hash bounds hold none are skipped), and
-    positions its vector already deletes are left out."""
+    ``hashes``, found in each live file's :mod:`connectors.hash_index` (built from its two id columns the first
+    time it is asked; files whose hash bounds hold none are skipped), leaving out positions its vector already
+    deletes. ``index_bytes``: the budget of the indexes kept between refreshes."""
     root = local_path(path)
     if root is None:
         raise Unusable(f"{path} is not on a local file system")
@@ -280,7 +284,10 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array) -> pa.
                       ROW_ID: pa.array([], pa.int64()), ROW_HASH: pa.array([], pa.int64())})
     if len(wanted) == 0:
         return empty
-    wanted_arrow = pa.array(wanted, pa.int64())
+    indexes = hash_index.INDEXES
+    indexes.limit(index_bytes)
+    keys = {rel: _index_key(root, rel, int(add["size"])) for rel, add in files.items()}
+    indexes.retain(os.path.join(os.path.abspath(root), ""), set(keys.values()))
 
     def candidates(add: dict[str, Any]) -> bool:
         stats = json.loads(add["stats"]) if add.get("stats") else {}
@@ -291,22 +298,37 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array) -> pa.
         return bool(i < len(wanted) and wanted[i] <= int(high))
 
     def scan(rel: str) -> pa.Table | None:
-        add, file = files[rel], os.path.join(root, unquote(rel))
-        hashes = pq.read_table(file, columns=[ROW_HASH])[ROW_HASH]
-        at = np.flatnonzero(pc.is_in(hashes, value_set=wanted_arrow).to_numpy(zero_copy_only=False))
-        if len(at) and add.get("deletionVector"):
-            at = at[~np.isin(at, read_vector(root, add["deletionVector"]).astype(np.int64))]
-        if not len(at):
-            return None  # the ids are read only from files that hold a wanted row
-        taken = pa.array(at, pa.int64())
-        ids = pq.read_table(file, columns=[ROW_ID])[ROW_ID].take(taken)
-        return pa.table({FILE: pa.array([rel] * len(at), pa.string()), POSITION: taken,
-                         ROW_ID: ids.cast(pa.int64()), ROW_HASH: hashes.take(taken).cast(pa.int64())})
+        add, key = files[rel], keys[rel]
+        index = indexes.get(key)
+        if index is not None:
+            found = hash_index.find(index, wanted)
+        else:
+            columns = pq.read_table(key[0], columns=[ROW_HASH, ROW_ID])
+            stored, ids = (columns[c].to_numpy().astype(np.int64, copy=False) for c in (ROW_HASH, ROW_ID))
+            if indexes.fits(len(stored)):
+                index = hash_index.build(stored, ids)
+                indexes.put(key, index)
+                found = hash_index.find(index, wanted)
+            else:
+                found = hash_index.probe(stored, ids, wanted)
+        if len(found.positions) and add.get("deletionVector"):
+            live = ~np.isin(found.positions, read_vector(root, add["deletionVector"]).astype(np.int64))
+            found = hash_index.Found(*(column[live] for column in found))
+        if not len(found.positions):
+            return None
+        return pa.table({FILE: pa.array([rel] * len(found.positions), pa.string()),
+                         POSITION: pa.array(found.positions, pa.int64()), ROW_ID: pa.array(found.ids, pa.int64()),
+                         ROW_HASH: pa.array(found.hashes, pa.int64())})
 
     todo = [rel for rel, add in files.items() if candidates(add)]
     with ThreadPoolExecutor(max_workers=4) as pool:
         parts = [t for t in pool.map(scan, todo) if t is not None]
     return pa.concat_tables([empty, *parts]).combine_chunks()
+
+
+def _index_key(root: str, rel: str, size: int) -> tuple[str, int]:
+    """A data file's key in :data:`connectors.hash_index.INDEXES`: its absolute path and its size."""
+    return os.path.join(os.path.abspath(root), unquote(rel)), size
 
 
 # --- the commit ---
@@ -357,6 +379,10 @@ def commit(path: str, read_version: int, files: dict[str, dict[str, Any]], schem
     actions: list[dict[str, Any]] = []
     if inserts.num_rows:
         rel, size = _write_parquet(root, "", "part-00000", stored["insert"])
+        if ROW_HASH in names and ROW_ID in names and hash_index.INDEXES.fits(inserts.num_rows):
+            # the new file's index from the rows in hand: the next refresh finds its copies without reading it
+            hash_index.INDEXES.put(_index_key(root, rel, size), hash_index.build(
+                *(stored["insert"][c].to_numpy().astype(np.int64, copy=False) for c in (ROW_HASH, ROW_ID))))
         actions.append({"add": {"path": rel, "partitionValues": {}, "size": size, "modificationTime": now,
                                 "dataChange": True, "stats": _stats(stored["insert"])}})
     actions += _mark(root, files, deleted, now)

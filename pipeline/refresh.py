@@ -580,7 +580,8 @@ class Refresher:
         meta = log.metadata(read_version)
         assert meta is not None
         files = deletion_vectors.live_files(log, read_version)
-        stored = deletion_vectors.locate(log.path, files, hashes) if len(hashes) else None
+        index_bytes = strategy.Limits.from_conf(self.conf).hash_index_bytes
+        stored = deletion_vectors.locate(log.path, files, hashes, index_bytes) if len(hashes) else None
         inserts, deletes = plain_rows.split(delta, stored, plan.stored_columns(), ctx.salt)
         engine = record.get("delta_engine")
         record["apply"] = choice.describe() + (f"; delta computed by {engine}" if engine else "")

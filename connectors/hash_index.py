@@ -1,0 +1,142 @@
+"""Where each stored row's ``__row_hash`` sits, per data file, kept in the driver's memory between refreshes.
+
+The rule: a Delta data file never changes once written (a deletion marks its rows in a vector beside it), so
+its ``__row_hash`` column, sorted once with each hash's position and ``__row_id``, answers every later
+refresh's "where are the copies of these tuples" by binary search: O(changed tuples x log rows) instead of
+reading and probing the whole column, 8 bytes of every stored row, at every refresh.
+
+Why: a plain-rows stream table committed with deletion vectors (:mod:`connectors.deletion_vectors`) must find
+the stored copies a change deletes. Read afresh each time, that search was 0.05 s of a 0.28 s refresh at 1M
+stored rows and 0.30 s of 0.56 s at 10M, so the refresh's cost followed the table's size, not the change's
+(figures in docs/BENCHMARKS.md, "Stored copies found by binary search").
+
+An index is keyed by the file's absolute path and size (a path is a fresh UUID per written file; the size
+guards against a rewritten file of the same name); a table's indexes of files no longer live are dropped at
+each lookup (:meth:`Indexes.retain`), and all indexes together hold at most the budget given
+(``trickle.apply.hashIndexBytes``, 20 bytes a row), least recently used first out. A file beyond the budget is
+probed by a linear scan instead (:func:`probe`). A process that restarts builds them again at its first
+refresh of each table: one read of the two columns, as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+#: bytes an index holds per stored row: the sorted hash, the row's id and its position
+ROW_BYTES = 8 + 8 + 4
+#: default of ``trickle.apply.hashIndexBytes``: about 50M stored rows
+DEFAULT_BUDGET = 1 << 30
+
+
+class FileIndex(NamedTuple):
+    """One data file's rows sorted by ``__row_hash``: the hashes, and each one's ``__row_id`` and position."""
+
+    hashes: np.ndarray
+    ids: np.ndarray
+    positions: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.hashes.nbytes + self.ids.nbytes + self.positions.nbytes)
+
+
+class Found(NamedTuple):
+    """The rows of one file whose hash was wanted, in position order."""
+
+    positions: np.ndarray
+    ids: np.ndarray
+    hashes: np.ndarray
+
+
+def build(hashes: np.ndarray, ids: np.ndarray) -> FileIndex:
+    """The index of a file whose rows have these ``__row_hash`` and ``__row_id`` values, in file order."""
+    order = np.argsort(hashes, kind="stable")
+    return FileIndex(np.ascontiguousarray(hashes[order], dtype=np.int64),
+                     np.ascontiguousarray(ids[order], dtype=np.int64), order.astype(np.int32))
+
+
+def find(index: FileIndex, wanted: np.ndarray) -> Found:
+    """Every row of the file whose hash is in ``wanted`` (sorted, unique), by binary search."""
+    lo = np.searchsorted(index.hashes, wanted, side="left")
+    counts = np.searchsorted(index.hashes, wanted, side="right") - lo
+    hit = counts > 0
+    lo, counts = lo[hit], counts[hit]
+    total = int(counts.sum())
+    if total == 0:
+        return Found(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
+    # each hit's run of equal hashes, flattened: start of its run + offset within it
+    starts = np.repeat(lo, counts) + (np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts))
+    by_position = np.argsort(index.positions[starts], kind="stable")
+    at = starts[by_position]
+    return Found(index.positions[at].astype(np.int64), index.ids[at], index.hashes[at])
+
+
+def probe(hashes: np.ndarray, ids: np.ndarray, wanted: np.ndarray) -> Found:
+    """:func:`find` without an index: one linear pass over a file's columns (a file beyond the budget)."""
+    at = np.flatnonzero(pc.is_in(pa.array(hashes), value_set=pa.array(wanted)).to_numpy(zero_copy_only=False))
+    return Found(at.astype(np.int64), ids[at].astype(np.int64), hashes[at].astype(np.int64))
+
+
+class Indexes:
+    """The process's file indexes, least recently used first, within a byte budget."""
+
+    def __init__(self, budget: int = DEFAULT_BUDGET) -> None:
+        self.budget = budget
+        self._held: OrderedDict[tuple[str, int], FileIndex] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> FileIndex | None:
+        with self._lock:
+            index = self._held.get(key)
+            if index is not None:
+                self._held.move_to_end(key)
+            return index
+
+    def fits(self, rows: int) -> bool:
+        """Whether an index of this many rows may be held at all."""
+        return rows * ROW_BYTES <= self.budget
+
+    def put(self, key: tuple[str, int], index: FileIndex) -> None:
+        """Hold ``index``, dropping the least recently used ones beyond the budget."""
+        if index.nbytes > self.budget:
+            return
+        with self._lock:
+            old = self._held.pop(key, None)
+            self._bytes += index.nbytes - (old.nbytes if old is not None else 0)
+            self._held[key] = index
+            self._shrink()
+
+    def limit(self, budget: int) -> None:
+        """Hold at most ``budget`` bytes from now on (the setting may change between refreshes)."""
+        with self._lock:
+            self.budget = budget
+            self._shrink()
+
+    def _shrink(self) -> None:
+        while self._bytes > self.budget and self._held:
+            _, dropped = self._held.popitem(last=False)
+            self._bytes -= dropped.nbytes
+
+    def retain(self, folder: str, live: set[tuple[str, int]]) -> None:
+        """Drop the indexes of files under ``folder`` (a table's root, ending in a separator) not in ``live``."""
+        with self._lock:
+            for key in [k for k in self._held if k[0].startswith(folder) and k not in live]:
+                self._bytes -= self._held.pop(key).nbytes
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+#: the driver's indexes, shared by every table this process refreshes
+INDEXES = Indexes()
