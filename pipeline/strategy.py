@@ -55,6 +55,11 @@ DV_ABOVE_ROWS = "trickle.apply.deletionVectorsAboveRows"
 #: of stream tables reading it run on Spark, not DuckDB (see :mod:`pipeline.local_engine`); the figures
 #: behind the default are in docs/BENCHMARKS.md ("Deletions marked, not rewritten").
 VECTORS_ABOVE_ROWS = "trickle.apply.vectorsAboveRows"
+#: Spark conf: bytes of driver memory the sorted ``__row_hash`` indexes of plain-rows tables' data files may hold
+#: between refreshes (:mod:`connectors.hash_index`, 20 bytes a stored row; default 1 GiB, about 50M rows): with
+#: them a commit with deletion vectors finds the copies it deletes by binary search instead of reading every
+#: stored hash. 0: none kept (each refresh reads the hash columns again).
+HASH_INDEX_BYTES = "trickle.apply.hashIndexBytes"
 #: Spark conf: a FULL refresh of a table that held at most this many rows collects its result to the driver
 #: and commits it with delta-rs (a small aggregate recomputed over a large source).
 FULL_COLLECT_ROWS = "trickle.apply.fullCollectRowsBelow"
@@ -70,6 +75,7 @@ class Limits:
     full_collect_rows: int = 100_000
     dv_above_rows: int = 50_000_000
     vectors_above_rows: int = 500_000
+    hash_index_bytes: int = 1 << 30
 
     @classmethod
     def from_conf(cls, conf: Any) -> Limits:
@@ -80,7 +86,8 @@ class Limits:
                    str(conf.get(DELTA_RS, "true")).strip().lower() != "false",
                    int(conf.get(FULL_COLLECT_ROWS, str(d.full_collect_rows))),
                    int(conf.get(DV_ABOVE_ROWS, str(d.dv_above_rows))),
-                   int(conf.get(VECTORS_ABOVE_ROWS, str(d.vectors_above_rows))))
+                   int(conf.get(VECTORS_ABOVE_ROWS, str(d.vectors_above_rows))),
+                   int(conf.get(HASH_INDEX_BYTES, str(d.hash_index_bytes))))
 
 
 @dataclass(frozen=True)
@@ -181,7 +188,10 @@ EXPLORE_BELOW = 0.5
 RETRY_BELOW_FULLS = 3.0
 #: a warm DIFFERENTIAL floor at least this share of the only FULL refresh measured (the initial population, a
 #: cold start, measured at up to 4x a warm one) gets one warm FULL measured, whatever the change ratio: on
-#: TPC-H's joins at SF 1 the floor (2.4-2.9 s) lies above a warm FULL (1.5-1.7 s) and below a cold one
+#: TPC-H's joins at SF 1 the floor (2.4-2.9 s) lies above a warm FULL (1.5-1.7 s) and below a cold one. Below
+#: it, a window above the floor's ratio gets that FULL measured only when its expected DIFFERENTIAL cost
+#: reaches this share: a FULL that cannot win even at a quarter of its cold cost teaches nothing, and measuring
+#: it cost AUTO 1.3-2.1x the faster mode in the benchmark's cells where DIFFERENTIAL was 8-20x faster
 COLD_FULL_SHARE = 0.25
 #: a table AUTO keeps recomputing has its DIFFERENTIAL refresh measured again once in this many refreshes
 #: (what a delta costs changes with the table and the machine), unless the delta is plainly dearer
@@ -228,6 +238,11 @@ class CostModel:
         if self.slope_s:
             return self.slope_s
         return self.full_s / 0.5 if self.full_s is not None else None
+
+    def estimate(self, ratio: float) -> float | None:
+        """Seconds a DIFFERENTIAL refresh over change ratio ``ratio`` is expected to cost (None: unknown)."""
+        slope = self.slope()
+        return None if self.floor_s is None or slope is None else self.floor_s + slope * ratio
 
     def threshold(self) -> tuple[float, str]:
         """The change ratio above which FULL is cheaper, and how it was found."""
@@ -276,7 +291,8 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
         return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.1%} of the sources changed; this "
                                 "table's only DIFFERENTIAL refresh so far was its first (a cold start), so a "
                                 "second one is measured")
-    if model.full_n <= 1 and model.diff_n >= 1 and ratio > FLOOR_RATIO:
+    if (model.full_n <= 1 and model.diff_n >= 1 and ratio > FLOOR_RATIO
+            and (full_s is None or model.estimate(ratio) >= COLD_FULL_SHARE * full_s)):
         return FULL, (f"FULL: {ratio:.1%} of the sources changed, and this table's only FULL refresh so far was "
                         "its initial population (a cold start): one is measured to learn what FULL costs")
     if (model.full_n == 1 and model.diff_n >= 2 and full_s is not None and model.floor_s is not None

@@ -119,6 +119,11 @@ def test_auto_measures_a_warm_full_when_the_floor_nears_the_cold_one() -> None:
     # a cheap floor against the cold FULL: nothing to learn from a FULL at the floor's ratio
     cheap = CostModel().learn("FULL", None, 4.0).learn("DIFFERENTIAL", 0.001, 1.2).learn("DIFFERENTIAL", 0.001, 0.5)
     assert strategy.auto(0.001, cheap)[0] == "DIFFERENTIAL"
+    # nor above it when even a quarter of the cold FULL is above the expected delta (10M rows, 1-3% change)
+    cheap = CostModel().learn("FULL", None, 10.0).learn("DIFFERENTIAL", 0.01, 1.0).learn("DIFFERENTIAL", 0.01, 0.3)
+    assert strategy.auto(0.03, cheap)[0] == "DIFFERENTIAL"  # expected 0.3 + 20 x 0.03 = 0.9 s < 2.5 s
+    action, reason = strategy.auto(0.2, cheap)  # expected 4.3 s: FULL may well win, so it is measured
+    assert action == "FULL" and "initial population (a cold start)" in reason
 
 
 def test_cost_model_round_trips_and_averages() -> None:
