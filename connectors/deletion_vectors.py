@@ -273,9 +273,10 @@ def unusable(path: str, protocol: dict[str, Any] | None, configuration: dict[str
 def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array,
            index_bytes: int = hash_index.DEFAULT_BUDGET) -> pa.Table:
     """``__file``, ``__position``, ``__row_id`` and ``__row_hash`` of every live stored row whose hash is in
-    ``hashes``, found in each live file's :mod:`connectors.hash_index` (built from its two id columns the first
-    time it is asked; files whose hash bounds hold none are skipped), leaving out positions its vector already
-    deletes. ``index_bytes``: the budget of the indexes kept between refreshes."""
+    ``hashes``, found in each live file's :mod:`connectors.hash_index` (a file without one yet has its two id
+    columns read and probed, and its index built in the background; files whose hash bounds hold none are
+    skipped), leaving out positions its vector already deletes. ``index_bytes``: the budget of the indexes kept
+    between refreshes."""
     root = local_path(path)
     if root is None:
         raise Unusable(f"{path} is not on a local file system")
@@ -305,12 +306,8 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array,
         else:
             columns = pq.read_table(key[0], columns=[ROW_HASH, ROW_ID])
             stored, ids = (columns[c].to_numpy().astype(np.int64, copy=False) for c in (ROW_HASH, ROW_ID))
-            if indexes.fits(len(stored)):
-                index = hash_index.build(stored, ids)
-                indexes.put(key, index)
-                found = hash_index.find(index, wanted)
-            else:
-                found = hash_index.probe(stored, ids, wanted)
+            found = hash_index.probe(stored, ids, wanted)
+            indexes.build_later(key, stored, ids)
         if len(found.positions) and add.get("deletionVector"):
             live = ~np.isin(found.positions, read_vector(root, add["deletionVector"]).astype(np.int64))
             found = hash_index.Found(*(column[live] for column in found))

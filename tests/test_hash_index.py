@@ -63,6 +63,7 @@ def test_locate_answers_from_the_index_without_reading_the_file_again(tmp_path: 
     expect = [("a.parquet", 0, 100, 5), ("a.parquet", 1, 101, 7), ("a.parquet", 2, 102, 5), ("b.parquet", 0, 200, 7)]
     assert list(zip(*(first[c].to_pylist() for c in ("__file", "__position", "__row_id", "__row_hash")),
                     strict=True)) == expect
+    dv.hash_index.INDEXES.wait()  # the files' indexes, built in the background after the first read
     for name in files:
         os.rename(os.path.join(root, name), os.path.join(root, name + ".away"))
     again = dv.locate(root, files, wanted).sort_by([("__file", "ascending"), ("__position", "ascending")])
