@@ -28,7 +28,8 @@ difference:
 
 The commit file is created by put-if-absent (a hard link of a finished temporary file), so it lands at
 exactly the version after the one the refresh read, or not at all (:class:`~connectors.delta_rs.CommitFailed`).
-That is atomic on a local file system only; :func:`unusable` refuses other stores.
+That is atomic on a local file system only; :func:`unusable` refuses other stores. The writing itself
+(files, statistics, the commit file) is :mod:`connectors.own_commit`'s.
 
 Formats (Delta protocol, "Deletion Vector Format"): a vector is a ``RoaringBitmapArray`` (magic 1681511377,
 then the number of 32-bit bitmaps, then each one's high-32-bit key and its portable Roaring serialization,
@@ -43,7 +44,6 @@ import json
 import os
 import struct
 import threading
-import time
 import uuid
 import zlib
 from collections.abc import Iterable
@@ -53,21 +53,15 @@ from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from connectors import hash_index
-from connectors.delta_log import TRICKLE_KEY, DeltaLog
+from connectors import hash_index, own_commit
+from connectors.delta_log import DeltaLog
 from connectors.delta_rs import CommitFailed
 from connectors.storage import local_path
 
 _MAGIC = 1681511377
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
-#: writer features this module honours: it writes change data, vectors and timestamps without time zone as
-#: Spark does, and checks (in :func:`unusable`) that no append-only flag, invariant or constraint is set
-WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "changeDataFeed", "deletionVectors",
-                             "timestampNtz"})
-READER_FEATURES = frozenset({"deletionVectors", "timestampNtz"})
 ROW_ID, ROW_HASH = "__row_id", "__row_hash"
 FILE, POSITION = "__file", "__position"
 
@@ -247,26 +241,15 @@ def _from_checkpoint(log: DeltaLog, version: int) -> tuple[dict[str, dict[str, A
 
 def unusable(path: str, protocol: dict[str, Any] | None, configuration: dict[str, str],
              partitioned: bool) -> str | None:
-    """Why this module may not commit to the table (None: it may)."""
-    if local_path(path) is None:
-        return "the table is not on a local file system (the commit file's put-if-absent is local only)"
-    if protocol is None:
-        return "the table's protocol is unknown"
-    if partitioned:
-        return "the table is partitioned"
-    reader, writer = int(protocol.get("minReaderVersion", 1)), int(protocol.get("minWriterVersion", 2))
-    if writer != 7 or reader != 3:
-        return f"protocol ({reader}, {writer}) does not list deletion vectors"
-    writers, readers = set(protocol.get("writerFeatures") or ()), set(protocol.get("readerFeatures") or ())
-    if "deletionVectors" not in writers or "deletionVectors" not in readers:
+    """Why this module may not commit to the table (None: it may): :func:`connectors.own_commit.unusable`, and
+    deletion vectors must be on."""
+    why = own_commit.unusable(path, protocol, configuration, partitioned)
+    if why is not None:
+        return why
+    assert protocol is not None
+    if ("deletionVectors" not in (protocol.get("writerFeatures") or ())
+            or "deletionVectors" not in (protocol.get("readerFeatures") or ())):
         return "deletion vectors are not enabled on the table"
-    extra = sorted((writers - WRITER_FEATURES) | (readers - READER_FEATURES))
-    if extra:
-        return f"table features not written here: {', '.join(extra)}"
-    if str(configuration.get("delta.appendOnly", "false")).lower() == "true":
-        return "the table is append-only"
-    if any(k.startswith("delta.constraints.") for k in configuration):
-        return "the table has CHECK constraints"
     return None
 
 
@@ -330,21 +313,6 @@ def _index_key(root: str, rel: str, size: int) -> tuple[str, int]:
 
 # --- the commit ---
 
-def _stats(table: pa.Table) -> str:
-    """Delta statistics of a new file: rows, nulls of top-level columns, bounds of integer and date columns."""
-    doc: dict[str, Any] = {"numRecords": table.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
-    for name in table.column_names:
-        column, kind = table[name], table.schema.field(name).type
-        if pa.types.is_nested(kind):
-            continue
-        doc["nullCount"][name] = column.null_count
-        if (pa.types.is_integer(kind) or pa.types.is_date32(kind)) and column.null_count < len(column):
-            bounds = pc.min_max(column).as_py()
-            doc["minValues"][name], doc["maxValues"][name] = (
-                (str(bounds["min"]), str(bounds["max"])) if pa.types.is_date32(kind) else (bounds["min"], bounds["max"]))
-    return json.dumps(doc, separators=(",", ":"))
-
-
 def _loose(stats: str | None) -> str | None:
     """A touched file's statistics once rows are marked deleted: its bounds may now be loose."""
     if not stats:
@@ -352,14 +320,6 @@ def _loose(stats: str | None) -> str | None:
     doc = json.loads(stats)
     doc["tightBounds"] = False
     return json.dumps(doc, separators=(",", ":"))
-
-
-def _write_parquet(root: str, folder: str, prefix: str, table: pa.Table) -> tuple[str, int]:
-    rel = f"{folder}{prefix}-{uuid.uuid4()}.c000.snappy.parquet"
-    full = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    pq.write_table(table, full, compression="snappy")
-    return rel, os.path.getsize(full)
 
 
 def commit(path: str, read_version: int, files: dict[str, dict[str, Any]], schema: pa.Schema,
@@ -370,39 +330,30 @@ def commit(path: str, read_version: int, files: dict[str, dict[str, Any]], schem
     ``files``: :func:`live_files` at ``read_version``; ``schema``: the table's Arrow schema."""
     root = local_path(path)
     assert root is not None
-    now = int(time.time() * 1000)
+    now = own_commit.now_ms()
     names = schema.names
     stored = {"insert": inserts.select(names).cast(schema), "delete": deleted.select(names).cast(schema)}
     actions: list[dict[str, Any]] = []
     if inserts.num_rows:
-        rel, size = _write_parquet(root, "", "part-00000", stored["insert"])
+        add, rel, size = own_commit.add_action(root, stored["insert"], now)
+        actions.append(add)
         if ROW_HASH in names and ROW_ID in names and hash_index.INDEXES.fits(inserts.num_rows):
             # the new file's index from the rows in hand: the next refresh finds its copies without reading it
             hash_index.INDEXES.put(_index_key(root, rel, size), hash_index.build(
                 *(stored["insert"][c].to_numpy().astype(np.int64, copy=False) for c in (ROW_HASH, ROW_ID))))
-        actions.append({"add": {"path": rel, "partitionValues": {}, "size": size, "modificationTime": now,
-                                "dataChange": True, "stats": _stats(stored["insert"])}})
     actions += _mark(root, files, deleted, now)
     if deleted.num_rows:
-        change = pa.concat_tables([rows.append_column("_change_type", pa.array([kind] * rows.num_rows, pa.string()))
-                                   for kind, rows in stored.items()])
-        rel, size = _write_parquet(root, "_change_data/", "cdc-00000", change)
-        actions.append({"cdc": {"path": rel, "partitionValues": {}, "size": size, "dataChange": False}})
-    metrics = {"numTargetRowsInserted": str(inserts.num_rows), "numTargetRowsUpdated": "0",
-               "numTargetRowsDeleted": str(deleted.num_rows),
-               "numTargetDeletionVectorsAdded": str(sum(1 for a in actions if "add" in a and
-                                                        a["add"].get("deletionVector")))}
-    info = {"timestamp": now, "operation": "MERGE" if deleted.num_rows else "WRITE",
-            "operationParameters": {"predicate": f"t.{ROW_ID} = s.{ROW_ID}"} if deleted.num_rows
-            else {"mode": "Append"},
-            "readVersion": read_version, "isolationLevel": "Serializable",
-            "isBlindAppend": deleted.num_rows == 0, "operationMetrics": metrics,
-            "userMetadata": json.dumps({TRICKLE_KEY: record}, sort_keys=True),
-            "engineInfo": "spark-trickle deletion vectors"}
-    lines = [{"commitInfo": info}, {"txn": {"appId": app_id, "version": txn_version, "lastUpdated": now}},
-             *actions]
-    _put_if_absent(os.path.join(root, "_delta_log", f"{read_version + 1:020d}.json"),
-                   "\n".join(json.dumps(a, separators=(",", ":")) for a in lines) + "\n")
+        actions.append(own_commit.cdc_action(root, pa.concat_tables(
+            [own_commit.with_change_type(rows, kind) for kind, rows in stored.items()])))
+    metrics = {"numTargetRowsInserted": inserts.num_rows, "numTargetRowsUpdated": 0,
+               "numTargetRowsDeleted": deleted.num_rows,
+               "numTargetDeletionVectorsAdded": sum(1 for a in actions if "add" in a and a["add"].get("deletionVector"))}
+    if deleted.num_rows:
+        operation, parameters = "MERGE", {"predicate": f"t.{ROW_ID} = s.{ROW_ID}"}
+    else:
+        operation, parameters = "WRITE", {"mode": "Append"}
+    own_commit.commit(root, read_version, actions, operation, parameters, metrics, record, txn_version, app_id,
+                      "deletion vectors", blind_append=deleted.num_rows == 0, now=now)
     return {"inserted": inserts.num_rows, "updated": 0, "deleted": deleted.num_rows}
 
 
@@ -451,24 +402,6 @@ def _groups(paths: list[str], positions: np.ndarray) -> Iterable[tuple[str, np.n
         if i == len(paths) or paths[i] != paths[start]:
             yield paths[start], positions[start:i]
             start = i
-
-
-def _put_if_absent(target: str, text: str) -> None:
-    """Create ``target`` with ``text`` unless it exists (another writer's commit): a hard link of a finished
-    temporary file, atomic on POSIX file systems."""
-    folder = os.path.dirname(target)
-    temp = os.path.join(folder, f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
-    with open(temp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(temp, target)
-    except FileExistsError as e:
-        raise CommitFailed(f"version {os.path.basename(target)[:20].lstrip('0') or '0'} was committed by "
-                           "another writer") from e
-    finally:
-        os.unlink(temp)
 
 
 # --- turning vectors on ---

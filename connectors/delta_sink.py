@@ -137,14 +137,14 @@ def apply_collected(spark: Any, path: str, rows: Any, strategy: str, engine: str
     ``stored``: the table's columns in order; ``update``: matched rows are updated (keyed layout)."""
     from connectors import delta_rs
 
-    if engine == "delta-rs":
+    if engine in ("delta-rs", "own"):
         assert read_version is not None
         kwargs = {"record": record, "read_version": read_version, "txn_version": txn_version(read_version),
                   "app_id": TXN_APP_ID}
         try:
             if strategy == "APPEND":
                 delta_rs.append(path, rows.select(stored), **kwargs)
-            else:
+            elif not (engine == "own" and _merged_here(spark, path, rows, update, record, read_version)):
                 delta_rs.merge(path, rows, stored, update, **kwargs)
         except delta_rs.CommitFailed as e:
             committed_version(spark, path, record, read_version)  # CommitLost when another refresh won
@@ -168,6 +168,25 @@ def apply_collected(spark: Any, path: str, rows: Any, strategy: str, engine: str
     if version is None:
         return None
     return _counts(DeltaLog(spark, path).commit_info(version))
+
+
+def _merged_here(spark: Any, path: str, rows: Any, update: bool, record: dict[str, Any], read_version: int) -> bool:
+    """Commit a MERGE with spark-trickle's own commit (:mod:`connectors.small_merge`); False, with the reason in
+    the record, when it cannot write this change (delta-rs' MERGE takes it then)."""
+    from connectors import deletion_vectors, small_merge
+
+    log = DeltaLog(spark, path)
+    meta = log.metadata(read_version)
+    try:
+        if meta is None:
+            raise deletion_vectors.Unusable("the table's metadata is unknown")
+        small_merge.merge(path, read_version, deletion_vectors.live_files(log, read_version),
+                          deletion_vectors.arrow_schema(meta), rows, update, record, txn_version(read_version),
+                          TXN_APP_ID)
+        return True
+    except deletion_vectors.Unusable as e:
+        record["apply_note"] = f"own merge not written: {e}"
+        return False
 
 
 def enable_deletion_vectors(spark: Any, path: str) -> None:

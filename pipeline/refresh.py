@@ -39,7 +39,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 import dvm
-from connectors import deletion_vectors, delta_errors, delta_log, delta_rs, delta_sink
+from connectors import deletion_vectors, delta_errors, delta_log, delta_rs, delta_sink, own_commit
 from connectors.delta_log import DeltaLog, SourceWindow
 from dvm import Context, SourceRef, plain_rows_sql, quote
 from pipeline import (
@@ -693,7 +693,7 @@ class Refresher:
         deletes = int(pc.sum(rows.column("__del")).as_py() or 0) if rows.num_rows else 0
         target_rows = delta_rs.table_rows(d.path, read_version) if read_version is not None else None
         choice = strategy.choose(rows.num_rows, deletes, appendable, delta_rs.unusable(d.path, protocol), limits,
-                                 target_rows)
+                                 target_rows, self._own_unusable(d, protocol, read_version))
         # which engine computed the delta (pipeline.local_engine), beside how it was committed
         engine = record.get("delta_engine")
         record["apply"] = choice.describe() + (f"; delta computed by {engine}" if engine else "")
@@ -706,6 +706,15 @@ class Refresher:
         self.before_commit(d.name)
         return delta_sink.apply_collected(self.spark, d.path, rows, choice.strategy, choice.engine, stored, update,
                                           statement, record, read_version)
+
+    def _own_unusable(self, d: StreamTableDef, protocol: dict[str, Any] | None,
+                      read_version: int | None) -> str | None:
+        """Why spark-trickle's own commit may not write this table (see :mod:`connectors.own_commit`)."""
+        meta = DeltaLog(self.spark, d.path).metadata(read_version) if read_version is not None else None
+        if meta is None:
+            return "the table's metadata is unknown"
+        return own_commit.unusable(d.path, protocol, meta.configuration, bool(meta.partition_columns),
+                                   meta.schema_json)
 
     def _job_conf(self, ctx: Context, sql: str) -> dict[str, str]:
         """Settings for the session of a collected delta job (and the fixpoints it reads): those of

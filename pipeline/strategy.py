@@ -60,6 +60,11 @@ VECTORS_ABOVE_ROWS = "trickle.apply.vectorsAboveRows"
 #: them a commit with deletion vectors finds the copies it deletes by binary search instead of reading every
 #: stored hash. 0: none kept (each refresh reads the hash columns again).
 HASH_INDEX_BYTES = "trickle.apply.hashIndexBytes"
+#: Spark conf: a collected change that delta-rs would MERGE into a table of at most this many rows is written by
+#: spark-trickle's own commit instead (:mod:`connectors.small_merge`: the touched files read and rewritten on
+#: the driver, no DataFusion plan): delta-rs' MERGE costs 22-28 ms of its own for a few rows, most of what a
+#: small aggregate's refresh adds to its delta. -1: never.
+OWN_MERGE_ROWS = "trickle.apply.ownMergeRowsBelow"
 #: Spark conf: a FULL refresh of a table that held at most this many rows collects its result to the driver
 #: and commits it with delta-rs (a small aggregate recomputed over a large source).
 FULL_COLLECT_ROWS = "trickle.apply.fullCollectRowsBelow"
@@ -76,6 +81,7 @@ class Limits:
     dv_above_rows: int = 50_000_000
     vectors_above_rows: int = 500_000
     hash_index_bytes: int = 1 << 30
+    own_merge_rows: int = 100_000
 
     @classmethod
     def from_conf(cls, conf: Any) -> Limits:
@@ -87,7 +93,8 @@ class Limits:
                    int(conf.get(FULL_COLLECT_ROWS, str(d.full_collect_rows))),
                    int(conf.get(DV_ABOVE_ROWS, str(d.dv_above_rows))),
                    int(conf.get(VECTORS_ABOVE_ROWS, str(d.vectors_above_rows))),
-                   int(conf.get(HASH_INDEX_BYTES, str(d.hash_index_bytes))))
+                   int(conf.get(HASH_INDEX_BYTES, str(d.hash_index_bytes))),
+                   int(conf.get(OWN_MERGE_ROWS, str(d.own_merge_rows))))
 
 
 @dataclass(frozen=True)
@@ -106,13 +113,16 @@ def collect_first(change_bytes: int, limits: Limits) -> bool:
 
 
 def choose(rows: int, deletes: int, appendable: bool, delta_rs_unusable: str | None, limits: Limits,
-           target_rows: int | None = None) -> Choice:
+           target_rows: int | None = None, own_unusable: str | None = "not offered") -> Choice:
     """The strategy for a collected delta of ``rows`` change rows, ``deletes`` of them ``__del`` rows.
 
     ``appendable``: the layout's inserted rows carry fresh ids (never match a stored row), so a delta
     without deletions is a plain append. ``delta_rs_unusable``: why delta-rs may not commit to this table
     (None: it may). ``target_rows``: rows the table holds (None: unknown); a delta that changes stored rows
-    of a table above ``dv_above_rows`` is a MERGE with deletion vectors (engine ``spark-dv``)."""
+    of a table above ``dv_above_rows`` is a MERGE with deletion vectors (engine ``spark-dv``). ``own_unusable``:
+    why spark-trickle's own commit may not write this table (None: it may); a MERGE that delta-rs would commit
+    into a table of at most ``own_merge_rows`` rows is written by it instead (engine ``own``,
+    :mod:`connectors.small_merge`)."""
     if rows == 0:
         return Choice(NONE, "", "the delta has no rows")
     changes_stored = not (appendable and deletes == 0)
@@ -130,6 +140,11 @@ def choose(rows: int, deletes: int, appendable: bool, delta_rs_unusable: str | N
         engine, why = "delta-rs", f"{rows} change rows collected to the driver"
     if appendable and deletes == 0:
         return Choice(APPEND, engine, f"insert-only delta; {why}")
+    if (engine == "delta-rs" and own_unusable is None and target_rows is not None
+            and target_rows <= limits.own_merge_rows):
+        return Choice(MERGE, "own", f"{deletes} of {rows} change rows delete; a table of {target_rows} rows (at "
+                      f"most {OWN_MERGE_ROWS}={limits.own_merge_rows}): the files they touch rewritten by "
+                      "spark-trickle's own commit")
     return Choice(MERGE, engine, f"{deletes} of {rows} change rows delete; {why}")
 
 

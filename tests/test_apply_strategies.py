@@ -4,7 +4,8 @@ settings that force each way of committing, must equal their query after every c
 results must show that the forced strategy really ran.
 
 * default: collected deltas, plain-rows deletions picked on the driver by delta-rs (pipeline/plain_rows.py),
-  committed by delta-rs (APPEND or MERGE);
+  appended by delta-rs, merged by spark-trickle's own commit (connectors/small_merge.py: small tables);
+* ``trickle.apply.ownMergeRowsBelow=-1``: the same merged by delta-rs;
 * ``trickle.apply.deltaRs=false``: the same collected rows committed by Spark (append or MERGE);
 * ``trickle.apply.deletionVectorsAboveRows=0`` (own vectors off): Spark's MERGE with deletion vectors; once the table has them
   delta-rs no longer reads it, so plain-rows deletions are picked by Spark's semi-join;
@@ -41,14 +42,16 @@ QUERIES = {
 
 #: variant -> (settings, strategies that must run, strategies that may run besides)
 VARIANTS = {
-    "delta-rs": ({}, {"MERGE (delta-rs)"}, {"APPEND (delta-rs)"}),
+    # small tables: the files a change touches rewritten by spark-trickle's own commit (connectors/small_merge.py)
+    "own": ({}, {"MERGE (own)"}, {"APPEND (delta-rs)"}),
+    "delta-rs": ({"trickle.apply.ownMergeRowsBelow": "-1"}, {"MERGE (delta-rs)"}, {"APPEND (delta-rs)"}),
     "spark": ({"trickle.apply.deltaRs": "false"}, {"MERGE (spark)"}, {"APPEND (spark)"}),
     # an insert-only delta into plain rows is an append (delta-rs until the table has deletion vectors)
     "deletion-vectors": ({"trickle.apply.deletionVectorsAboveRows": "0", "trickle.apply.vectorsAboveRows": "-1"},
                          {"MERGE (spark-dv)"}, {"APPEND (delta-rs)", "APPEND (spark)"}),
     # plain rows: deletions marked by spark-trickle's own commit (vectors turned on at the first one); keyed
-    # rows: delta-rs' MERGE as by default
-    "vectors": ({"trickle.apply.vectorsAboveRows": "0"}, {"MERGE (vectors)", "MERGE (delta-rs)"},
+    # rows: the own MERGE as by default
+    "vectors": ({"trickle.apply.vectorsAboveRows": "0"}, {"MERGE (vectors)", "MERGE (own)"},
                 {"APPEND (vectors)", "APPEND (delta-rs)"}),
     "uncollected": ({"trickle.apply.collectBelowBytes": "-1"}, {"SPARK_MERGE (spark)"}, set()),
 }

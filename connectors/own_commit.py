@@ -1,0 +1,147 @@
+"""Delta commits written by spark-trickle itself, without Spark or delta-rs: new data and change-data files,
+their statistics, and the commit file, created put-if-absent.
+
+Why: a refresh whose change is small pays mostly for its commit, and each engine's commit has a cost of its
+own that the change does not need: Spark's is a job and a second of planning, delta-rs' MERGE 22-28 ms for a
+few rows and a rewrite of every file a deleted row is in. Two commits are written here instead: deleted rows
+marked in deletion vectors (:mod:`connectors.deletion_vectors`) and a small keyed table's MERGE
+(:mod:`connectors.small_merge`). Both carry what a Spark MERGE's commit carries (data, change-data files,
+``commitInfo`` with the refresh record as ``userMetadata``, the idempotent-transaction marker), so readers
+and the frontier protocol cannot tell them apart.
+
+The commit file is created by put-if-absent (a hard link of a finished temporary file), so it lands at exactly
+the version after the one the refresh read, or not at all (:class:`~connectors.delta_rs.CommitFailed`). That
+is atomic on a local file system only; each caller refuses other stores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from connectors.delta_log import TRICKLE_KEY
+from connectors.delta_rs import CommitFailed
+from connectors.storage import local_path
+
+ENGINE = "spark-trickle"
+#: writer features honoured here: change data and vectors are written as Spark writes them, timestamps without
+#: time zone are Arrow's, and :func:`unusable` checks that no append-only flag, invariant or constraint is set
+WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "changeDataFeed", "deletionVectors",
+                             "timestampNtz"})
+READER_FEATURES = frozenset({"deletionVectors", "timestampNtz"})
+
+
+def unusable(path: str, protocol: dict[str, Any] | None, configuration: dict[str, str], partitioned: bool,
+             schema_json: str = "") -> str | None:
+    """Why a commit written here may not go to this table (None: it may): a store without an atomic
+    put-if-absent, partitions, a protocol feature not honoured here, or a rule a writer must enforce."""
+    if local_path(path) is None:
+        return "the table is not on a local file system (the commit file's put-if-absent is local only)"
+    if protocol is None:
+        return "the table's protocol is unknown"
+    if partitioned:
+        return "the table is partitioned"
+    reader, writer = int(protocol.get("minReaderVersion", 1)), int(protocol.get("minWriterVersion", 2))
+    if reader not in (1, 3) or writer in (5, 6) or writer > 7 or (reader == 3 and writer != 7):
+        return f"protocol ({reader}, {writer}) is not written here (column mapping, identity columns)"
+    if writer == 7:
+        extra = sorted((set(protocol.get("writerFeatures") or ()) - WRITER_FEATURES)
+                       | (set(protocol.get("readerFeatures") or ()) - READER_FEATURES))
+        if extra:
+            return f"table features not written here: {', '.join(extra)}"
+    if str(configuration.get("delta.appendOnly", "false")).lower() == "true":
+        return "the table is append-only"
+    if any(k.startswith("delta.constraints.") for k in configuration):
+        return "the table has CHECK constraints"
+    if "delta.invariants" in schema_json or "delta.generationExpression" in schema_json:
+        return "the table has invariants or generated columns"
+    return None
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def file_stats(table: pa.Table) -> str:
+    """Delta statistics of a new file: rows, nulls of top-level columns, bounds of integer and date columns."""
+    doc: dict[str, Any] = {"numRecords": table.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+    for name in table.column_names:
+        column, kind = table[name], table.schema.field(name).type
+        if pa.types.is_nested(kind):
+            continue
+        doc["nullCount"][name] = column.null_count
+        if (pa.types.is_integer(kind) or pa.types.is_date32(kind)) and column.null_count < len(column):
+            bounds = pc.min_max(column).as_py()
+            doc["minValues"][name], doc["maxValues"][name] = (
+                (str(bounds["min"]), str(bounds["max"])) if pa.types.is_date32(kind) else (bounds["min"], bounds["max"]))
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def write_parquet(root: str, folder: str, prefix: str, table: pa.Table) -> tuple[str, int]:
+    """Write ``table`` as a new uniquely named file under ``root``/``folder``: its path relative to the root
+    (as the log names it) and its size."""
+    rel = f"{folder}{prefix}-{uuid.uuid4()}.c000.snappy.parquet"
+    full = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    pq.write_table(table, full, compression="snappy")
+    return rel, os.path.getsize(full)
+
+
+def add_action(root: str, table: pa.Table, now: int) -> tuple[dict[str, Any], str, int]:
+    """A new data file holding ``table``, and its ``add`` action (with its path and size)."""
+    rel, size = write_parquet(root, "", "part-00000", table)
+    return ({"add": {"path": rel, "partitionValues": {}, "size": size, "modificationTime": now,
+                     "dataChange": True, "stats": file_stats(table)}}, rel, size)
+
+
+def cdc_action(root: str, changes: pa.Table) -> dict[str, Any]:
+    """A change-data file holding ``changes`` (the table's columns, then ``_change_type``) and its action."""
+    rel, size = write_parquet(root, "_change_data/", "cdc-00000", changes)
+    return {"cdc": {"path": rel, "partitionValues": {}, "size": size, "dataChange": False}}
+
+
+def with_change_type(rows: pa.Table, kind: str) -> pa.Table:
+    return rows.append_column("_change_type", pa.array([kind] * rows.num_rows, pa.string()))
+
+
+def commit(root: str, read_version: int, actions: list[dict[str, Any]], operation: str,
+           parameters: dict[str, str], metrics: dict[str, int], record: dict[str, Any], txn_version: int,
+           app_id: str, engine: str, blind_append: bool = False, now: int | None = None) -> None:
+    """Create commit ``read_version + 1`` holding ``actions``, preceded by its ``commitInfo`` (the refresh
+    record as ``userMetadata``) and the idempotent-transaction marker; CommitFailed when another writer made
+    that version first."""
+    now = now_ms() if now is None else now
+    info = {"timestamp": now, "operation": operation, "operationParameters": parameters,
+            "readVersion": read_version, "isolationLevel": "Serializable", "isBlindAppend": blind_append,
+            "operationMetrics": {k: str(v) for k, v in metrics.items()},
+            "userMetadata": json.dumps({TRICKLE_KEY: record}, sort_keys=True),
+            "engineInfo": f"{ENGINE} {engine}"}
+    lines = [{"commitInfo": info}, {"txn": {"appId": app_id, "version": txn_version, "lastUpdated": now}},
+             *actions]
+    put_if_absent(os.path.join(root, "_delta_log", f"{read_version + 1:020d}.json"),
+                  "\n".join(json.dumps(a, separators=(",", ":")) for a in lines) + "\n")
+
+
+def put_if_absent(target: str, text: str) -> None:
+    """Create ``target`` with ``text`` unless it exists (another writer's commit): a hard link of a finished
+    temporary file, atomic on POSIX file systems."""
+    folder = os.path.dirname(target)
+    temp = os.path.join(folder, f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
+    with open(temp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(temp, target)
+    except FileExistsError as e:
+        raise CommitFailed(f"version {os.path.basename(target)[:20].lstrip('0') or '0'} was committed by "
+                           "another writer") from e
+    finally:
+        os.unlink(temp)
