@@ -776,7 +776,11 @@ class LocalEngine:
             if self.bytes > self.max_bytes:
                 raise Unsupported(f"the snapshots read total more than {self.max_bytes} bytes ({MAX_BYTES})",
                                   lasting=False)
-            return delta_rs.dataset(path, version)
+            try:
+                return delta_rs.dataset(path, version)
+            except Exception as e:  # noqa: BLE001 - e.g. a deletion vector delta-rs cannot decode: Spark reads it
+                why = (str(e).splitlines() or [type(e).__name__])[0][:200]
+                raise Unsupported(f"delta-rs cannot open {path} at version {version}: {why}", lasting=False) from e
 
         return self._register(("snapshot", path, version), make)
 
