@@ -19,7 +19,9 @@ stays right.
 Change feeds: a commit that marks rows (an ``add`` or ``remove`` of data with a vector) describes its change
 only through the difference of two vectors unless it also carries change-data (``cdc``) files, which readers
 use instead. spark-trickle's commits and Spark's UPDATE and MERGE write them; Spark's DELETE does not, and a
-window holding such a commit is left to Spark (:func:`uncaptured`).
+window holding such a commit is left to Spark (:func:`uncaptured`). (delta-rs 1.6.6's ``load_cdf`` derives such
+a change from the two vectors, and matched ``table_changes`` on the windows tried, but that path is recent in
+delta-rs and failed on a partitioned table; it is not relied on here.)
 """
 
 from __future__ import annotations
