@@ -120,11 +120,11 @@ def decode(data: bytes) -> np.ndarray:
 
 def _vector_file(root: str, descriptor: dict[str, Any]) -> str:
     stored = str(descriptor["pathOrInlineDv"])
-    if descriptor["storageType"] == "p":
+    if descriptor["storageType"] == "p":  # an absolute URI, percent-encoded as Spark writes and reads it
         local = local_path(stored)
         if local is None:
             raise ValueError(f"deletion vector outside the local file system: {stored}")
-        return local
+        return unquote(local) if stored.startswith("file:") else local
     prefix, encoded = stored[:-20], stored[-20:]
     name = f"deletion_vector_{uuid.UUID(bytes=unz85(encoded))}.bin"
     return os.path.join(root, prefix, name) if prefix else os.path.join(root, name)

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from connectors import vector_reads
 from connectors.delta_log import TRICKLE_KEY
 from connectors.storage import local_path
 
@@ -87,9 +88,10 @@ def unusable(path: str, protocol: dict[str, Any] | None) -> str | None:
     return None
 
 
-#: reader features delta-rs is trusted to read exactly as Spark does (anything else, e.g. deletion vectors
-#: or column mapping, leaves the read to Spark)
-READER_FEATURES = frozenset({"timestampNtz"})
+#: reader features the readers here read exactly as Spark does (anything else, e.g. column mapping, leaves the
+#: read to Spark): deletion vectors are applied by :mod:`connectors.vector_reads` (delta-rs decodes them, the
+#: readers here drop the marked rows), and a change window whose deletions only vectors tell is refused there
+READER_FEATURES = frozenset({"deletionVectors", "timestampNtz"})
 
 
 def unreadable(protocol: dict[str, Any] | None) -> str | None:
@@ -128,9 +130,20 @@ def dataset(path: str, version: int) -> Any:
     filter on a string column scans correctly also over files delta-rs' MERGE wrote (see
     :func:`_plain_strings_dataset`)."""
     def make(local: str) -> Any:
-        ds = opened(path, version).to_pyarrow_dataset()
-        return _plain_strings_dataset()(list(ds.get_fragments()), ds.schema, ds.format, ds.filesystem,
-                                        root=os.path.abspath(local))
+        table = opened(path, version)
+        root = os.path.abspath(local)
+        if vector_reads.table_enabled(table):  # delta-rs' pyarrow readers refuse the table: see vector_reads
+            fragments, schema, file_format, filesystem = vector_reads.fragments(table, root)
+            named = {os.path.normpath(os.path.join(root, f.path)): f.path for f in fragments}
+            deleted = vector_reads.deleted_positions(table)
+            unknown = sorted(set(deleted) - set(named))
+            if unknown:
+                raise ValueError(f"deletion vectors of files that are not live in {path} at version {version}: "
+                                 f"{unknown[:3]}")
+            return _plain_strings_dataset()(fragments, schema, file_format, filesystem, root=root,
+                                            deleted={named[file]: at for file, at in deleted.items()})
+        ds = table.to_pyarrow_dataset()
+        return _plain_strings_dataset()(list(ds.get_fragments()), ds.schema, ds.format, ds.filesystem, root=root)
 
     return _cached("dataset", path, version, make)
 
@@ -190,11 +203,15 @@ def _plain_strings_dataset() -> type:
     import pyarrow.dataset as pads
 
     class PlainStrings(pads.FileSystemDataset):
-        def __init__(self, fragments: list[Any], schema: Any, format: Any, filesystem: Any, root: str) -> None:
+        def __init__(self, fragments: list[Any], schema: Any, format: Any, filesystem: Any, root: str,
+                     deleted: dict[str, Any] | None = None) -> None:
             super().__init__(fragments, schema, format, filesystem)
             self.root = root
+            self.deleted = deleted or {}
 
         def scanner(self, columns: Any = None, filter: Any = None, **options: Any) -> Any:  # noqa: A002
+            if self.deleted:
+                return self._live(columns, filter, options)
             named = self._named(filter, self.schema) if filter is not None else []
             if not any(_holds(f.type, _is_bytes) for f in named):
                 return super().scanner(columns=columns, filter=filter, **options)
@@ -215,6 +232,42 @@ def _plain_strings_dataset() -> type:
             def batches() -> Any:
                 if plain:
                     yield from first.to_batches()
+                yield from after.to_batches()
+
+            return pads.Scanner.from_batches(pa.RecordBatchReader.from_batches(first.projected_schema, batches()))
+
+        def _live(self, columns: Any, filter: Any, options: dict[str, Any]) -> Any:  # noqa: A002
+            """The scan of a table whose files may carry deletion vectors (``deleted``: marked positions by
+            fragment path; see :mod:`connectors.vector_reads`): the files the filter keeps (by their
+            statistics) and that have no vector are scanned as any other; a file with one is read whole, in
+            file order, its marked rows dropped, and then filtered."""
+            import numpy as np
+
+            kept = list(self.get_fragments(filter=filter) if filter is not None else self.get_fragments())
+            marked = [f for f in kept if f.path in self.deleted]
+            unmarked = PlainStrings([f for f in kept if f.path not in self.deleted], self.schema, self.format,
+                                    self.filesystem, self.root)
+            first = unmarked.scanner(columns=columns, filter=filter, **options)
+            if not marked:
+                return first
+            named = self._named(filter, self.schema) if filter is not None else []
+            wanted = None if columns is None else [*columns, *(f.name for f in named if f.name not in columns)]
+            schema = self.schema if wanted is None else pa.schema([self.schema.field(c) for c in wanted])
+
+            def live() -> Any:
+                for fragment in marked:
+                    rows = pads.FileSystemDataset([fragment], self.schema, self.format,
+                                                  self.filesystem).to_table(columns=wanted)  # in file order
+                    keep = np.ones(rows.num_rows, dtype=bool)
+                    at = self.deleted[fragment.path]
+                    keep[at[at < rows.num_rows]] = False
+                    yield from rows.filter(pa.array(keep)).to_batches()
+
+            after = pads.Scanner.from_batches(pa.RecordBatchReader.from_batches(schema, live()), columns=columns,
+                                              filter=filter)
+
+            def batches() -> Any:
+                yield from first.to_batches()
                 yield from after.to_batches()
 
             return pads.Scanner.from_batches(pa.RecordBatchReader.from_batches(first.projected_schema, batches()))
@@ -288,8 +341,8 @@ def read_small(path: str, version: int, max_bytes: int, max_rows: int) -> Any | 
         if sum(adds.column("size_bytes").to_pylist()) > max_bytes:
             return None
         if "num_records" not in adds.column_names or sum(n or 0 for n in adds.column("num_records").to_pylist()) > max_rows:
-            return None
-        return table.to_pyarrow_table()
+            return None  # (a file's records count its rows marked deleted too: the limit errs on the safe side)
+        return _rows(path, version)
     except Exception:  # noqa: BLE001 - an optimisation only: Spark reads the table instead
         return None
 
@@ -301,13 +354,19 @@ def read_changes(path: str, first: int, last: int, max_rows: int) -> Any | None:
     the protocol (:func:`unreadable`) and the window's bytes. Why: Spark plans a change feed as a query of its
     own (the window's commits listed and read, its files scanned by tasks) inside every delta job; a small
     window read here costs milliseconds. Compared with ``table_changes`` on every window of a table changed by
-    INSERT, MERGE, UPDATE, DELETE of rows, of whole partitions and of everything: the same rows."""
-    if local_path(path) is None:
+    INSERT, MERGE, UPDATE, DELETE of rows, of whole partitions and of everything: the same rows. A window
+    holding a commit whose change only its deletion vectors tell is left to Spark
+    (:func:`connectors.vector_reads.uncaptured`)."""
+    local = local_path(path)
+    if local is None:
         return None
     import pyarrow as pa
 
     try:
-        table = pa.table(opened(path, last).load_cdf(starting_version=first, ending_version=last))
+        table = opened(path, last)
+        if vector_reads.table_enabled(table) and vector_reads.uncaptured(local, first, last) is not None:
+            return None
+        table = pa.table(table.load_cdf(starting_version=first, ending_version=last))
     except Exception:  # noqa: BLE001 - an optimisation only: Spark reads the change feed instead
         return None
     return table if table.num_rows <= max_rows else None
@@ -322,10 +381,18 @@ def rows_with(path: str, version: int, columns: list[str], key: str, values: Any
     import pyarrow.compute as pc
 
     try:
-        return opened(path, version).to_pyarrow_table(columns=columns,
-                                                                   filters=pc.field(key).isin(values))
+        return _rows(path, version, columns, pc.field(key).isin(values))
     except Exception:  # noqa: BLE001 - Spark reads the table instead
         return None
+
+
+def _rows(path: str, version: int, columns: list[str] | None = None, where: Any = None) -> Any:
+    """The table's rows at ``version`` (``columns`` of those matching the pyarrow expression ``where``) as Arrow;
+    a table with deletion vectors through :func:`dataset` (delta-rs' own pyarrow readers refuse it)."""
+    table = opened(path, version)
+    if vector_reads.table_enabled(table):
+        return dataset(path, version).to_table(columns=columns, filter=where)
+    return table.to_pyarrow_table(columns=columns, filters=where)
 
 
 def file_rows(path: str, version: int) -> list[int] | None:

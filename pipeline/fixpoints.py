@@ -232,7 +232,7 @@ def _read_by_driver(session: Any, seed: str) -> Any | None:
 
 def _read_like_spark(log: DeltaLog, version: int) -> TableMeta | None:
     """The table's metadata at ``version`` when delta-rs reads that version as Spark would; None when it might
-    not (a reader feature such as deletion vectors or column mapping, or a ``CHAR(n)`` column, which Spark pads
+    not (a reader feature such as column mapping, or a ``CHAR(n)`` column, which Spark pads
     on read while the files hold it unpadded) or the version is unknown."""
     if delta_rs.unreadable(log.protocol(version)) is not None:
         return None

@@ -41,7 +41,10 @@ function over ``typeof``, which DuckDB folds while planning, so it costs nothing
   evaluated round by round as :func:`pipeline.fixpoints.run` evaluates them, and Spark's own ``WITH
   RECURSIVE`` round by round too (:meth:`_Translator._recursions`: DuckDB's own would not stop where Spark
   stops with an error).
-* Sources with timestamp columns, deletion vectors, column mapping or CHAR columns are refused.
+* Sources with timestamp columns, column mapping or CHAR columns are refused. Sources with deletion vectors
+  are read with their marked rows left out (:mod:`connectors.vector_reads`); a change window holding a commit
+  that marks rows without writing change-data files (Spark's DELETE) is refused, since only the vectors tell
+  its change.
 * DuckDB sums integers as HUGEINT where Spark's sum is a BIGINT: results are cast back (an overflow raises,
   as in Spark's ANSI mode).
 
@@ -58,7 +61,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from connectors import delta_rs
+from connectors import delta_rs, vector_reads
 from connectors.delta_log import DeltaLog
 from connectors.storage import local_path
 from dvm import PREV, Context, Fixpoint, key_filter
@@ -773,7 +776,11 @@ class LocalEngine:
             if self.bytes > self.max_bytes:
                 raise Unsupported(f"the snapshots read total more than {self.max_bytes} bytes ({MAX_BYTES})",
                                   lasting=False)
-            return delta_rs.dataset(path, version)
+            try:
+                return delta_rs.dataset(path, version)
+            except Exception as e:  # noqa: BLE001 - e.g. a deletion vector delta-rs cannot decode: Spark reads it
+                why = (str(e).splitlines() or [type(e).__name__])[0][:200]
+                raise Unsupported(f"delta-rs cannot open {path} at version {version}: {why}", lasting=False) from e
 
         return self._register(("snapshot", path, version), make)
 
@@ -782,6 +789,13 @@ class LocalEngine:
             if first < 1:
                 raise Unsupported("a change window from version 0")
             self._readable(path, first - 1, last)
+            local = local_path(path)
+            if local is not None and vector_reads.enabled(DeltaLog(self.spark, path).protocol(last)):
+                marked = vector_reads.uncaptured(local, first, last)
+                if marked is not None:
+                    raise Unsupported(f"commit {marked} of {path} marks deleted rows in deletion vectors and "
+                                      "writes no change-data file (Spark's DELETE does so): Spark derives its "
+                                      "change feed from the vectors", lasting=False)
             table = delta_rs.read_changes(path, first, last, self.max_change_rows)
             if table is None:
                 raise Unsupported(f"the change window {first}..{last} of {path} is too large or unreadable",

@@ -51,9 +51,10 @@ DV_ABOVE_ROWS = "trickle.apply.deletionVectorsAboveRows"
 #: commit (:mod:`connectors.deletion_vectors`; turned on for the table when first needed) instead of the files
 #: rewritten: copy-on-write rewrites every file a deleted row is in, and scattered deletions touch every file,
 #: so its cost follows the table's size; marking costs one read of the hash column. -1: never (then a table
-#: with deletion vectors on is merged by Spark). Why not lower: a table with vectors stays so, and the deltas
-#: of stream tables reading it run on Spark, not DuckDB (see :mod:`pipeline.local_engine`); the figures
-#: behind the default are in docs/BENCHMARKS.md ("Deletions marked, not rewritten").
+#: with deletion vectors on is merged by Spark). A table with vectors stays so, and every reader must support
+#: them; the deltas of stream tables reading it still run on DuckDB (the driver's readers leave marked rows
+#: out: :mod:`connectors.vector_reads`). The figures behind the default are in docs/BENCHMARKS.md ("Deletions
+#: marked, not rewritten").
 VECTORS_ABOVE_ROWS = "trickle.apply.vectorsAboveRows"
 #: Spark conf: bytes of driver memory the sorted ``__row_hash`` indexes of plain-rows tables' data files may hold
 #: between refreshes (:mod:`connectors.hash_index`, 20 bytes a stored row; default 1 GiB, about 50M rows): with

@@ -8,7 +8,7 @@ results must show that the forced strategy really ran.
 * ``trickle.apply.ownMergeRowsBelow=-1``: the same merged by delta-rs;
 * ``trickle.apply.deltaRs=false``: the same collected rows committed by Spark (append or MERGE);
 * ``trickle.apply.deletionVectorsAboveRows=0`` (own vectors off): Spark's MERGE with deletion vectors; once the table has them
-  delta-rs no longer reads it, so plain-rows deletions are picked by Spark's semi-join;
+  plain-rows deletions are picked on the driver with the marked rows left out (connectors/vector_reads.py);
 * ``trickle.apply.vectorsAboveRows=0``: plain-rows deletions marked in deletion vectors by spark-trickle's own
   commit (connectors/deletion_vectors.py), read back by Spark;
 * ``trickle.apply.collectBelowBytes=-1``: nothing collected: Spark's MERGE over the delta kept in the cluster

@@ -1,5 +1,6 @@
 """Small source snapshots read by delta-rs on the driver (``pipeline.fixpoints._read_by_driver``) hold exactly
-the rows and types Spark reads, or are left to Spark: CHAR padding, deletion vectors, larger tables."""
+the rows and types Spark reads (rows marked in deletion vectors left out), or are left to Spark: CHAR padding,
+larger tables, change windows whose change only deletion vectors tell."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def test_what_delta_rs_might_read_differently_is_left_to_spark(spark: Any, uniqu
     spark.sql(f"CREATE TABLE {dv} (i INT) USING delta TBLPROPERTIES (delta.enableDeletionVectors = true)")
     spark.sql(f"INSERT INTO {dv} VALUES (1), (2), (3)")
     spark.sql(f"DELETE FROM {dv} WHERE i = 2")
-    assert fixpoints._read_by_driver(spark, _seed(_path(spark, dv), 2)) is None
+    marked = fixpoints._read_by_driver(spark, _seed(_path(spark, dv), 2))  # read, the marked row left out
+    assert marked is not None and sorted(r.i for r in marked.collect()) == [1, 3]
 
     big = unique_name("big")
     spark.sql(f"CREATE TABLE {big} (i BIGINT) USING delta")
@@ -137,7 +139,7 @@ def test_change_windows_delta_rs_might_read_differently_are_left_to_spark(spark:
     spark.sql(f"CREATE TABLE {dv} (i INT) USING delta "
               "TBLPROPERTIES (delta.enableChangeDataFeed = true, delta.enableDeletionVectors = true)")
     spark.sql(f"INSERT INTO {dv} VALUES (1), (2), (3)")
-    spark.sql(f"DELETE FROM {dv} WHERE i = 2")
+    spark.sql(f"DELETE FROM {dv} WHERE i = 2")  # marks the row in a vector and writes no change-data file
     assert fixpoints._changes_by_driver(spark, _changes_seed(_path(spark, dv), 2, 2)) is None
 
     widened = unique_name("cdf_schema")
