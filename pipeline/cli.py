@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule")
     p.add_argument("--mode", type=str.upper, choices=MODES)
     p.add_argument("--status", type=str.upper, choices=STATUSES)
+    p.add_argument("--dialect", help="the SQL dialect the (new) query is written in, a sqlglot name such as "
+                   "postgres; a change of dialect re-initializes the table like a new query")
 
     p = add("drop", "drop a stream table (fails if other stream tables read it)")
     p.add_argument("name")
@@ -243,11 +245,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     handler = handlers[args.command]
     # Validate everything that needs no Spark before paying for its start-up.
     if args.command == "alter" and args.schedule is None and args.mode is None and args.status is None \
-            and args.query is None and args.query_file is None:
-        raise TrickleError("alter: give at least one of --query (or --query-file), --schedule, --mode, --status")
+            and args.query is None and args.query_file is None and args.dialect is None:
+        raise TrickleError("alter: give at least one of --query (or --query-file), --dialect, --schedule, --mode, "
+                           "--status")
     if args.command == "create" or (args.command == "alter" and (args.query, args.query_file) != (None, None)):
         args.query_text = _read_query(args)
-    if args.command == "create" and args.dialect is not None:
+    if args.command in ("create", "alter") and args.dialect is not None:
         import dvm
 
         args.dialect = dvm.check_dialect(args.dialect)  # a misspelt dialect fails before Spark starts
@@ -457,7 +460,7 @@ def _cmd_create(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | 
 
 def _cmd_alter(args: argparse.Namespace, st: StreamTables, conf: TrickleConf | None) -> int:
     st.alter_stream_table(args.name, schedule=args.schedule, refresh_mode=args.mode, status=args.status,
-                          query=getattr(args, "query_text", None))
+                          query=getattr(args, "query_text", None), dialect=args.dialect)
     row = _status_of(st, args.name)
     if args.json:
         _print_json(row if row is not None else {"name": args.name})

@@ -154,6 +154,11 @@ def test_cli_alter_query(spark: Any, tmp_path: Path, unique_name: Any, monkeypat
     assert code != 0 and "error:" in err and "missing_col" in err and "old query stays in place" in err, err
     assert st.catalog.get(name).query == q_old
     assert cli.main(["alter", name]) != 0 and "give at least one of --query" in capsys.readouterr().err
+    assert cli.main(["alter", name, "--dialect", "nosuch"]) != 0 and "nosuch" in capsys.readouterr().err
+    q_pg = f"SELECT k, SUM(v)::BIGINT AS s FROM {src} GROUP BY k"  # PostgreSQL's cast syntax
+    assert cli.main(["--warehouse", str(warehouse), "alter", name, "--dialect", "postgres", "--query", q_pg]) == 0
+    assert st.catalog.get(name).dialect == "postgres"
+    assert_matches(spark, st, name, f"SELECT k, CAST(SUM(v) AS BIGINT) AS s FROM {src} GROUP BY k", "postgres")
     monkeypatch.undo()
 
     q_new = f"SELECT k, SUM(v) AS s, MIN(id) AS first_id FROM {src} WHERE v > 2 GROUP BY k"
