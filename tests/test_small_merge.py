@@ -9,6 +9,8 @@ import random
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from connectors.delta_log import DeltaLog
 
 
@@ -58,3 +60,46 @@ def test_own_merge_keeps_an_aggregate_and_its_change_feed(spark: Any, st: Any, m
 
 def _lit(value: Any) -> str:
     return "NULL" if value is None else f"'{value}'" if isinstance(value, str) else str(value)
+
+
+def test_own_merge_survives_a_crash_after_its_commit_and_a_lost_race(spark: Any, st: Any, make_source: Any,
+                                                                   unique_name: Any) -> None:
+    """A failure after the own commit and before the catalog update is recovered (NO_DATA, the commit holds
+    the frontier), not applied twice; a commit whose version another refresh took first is retried from the
+    winner's frontier and applied once."""
+    from pipeline import StreamTables
+
+    src = make_source("smc_src", "id INT, k STRING, v INT", rows=[(i, f"k{i % 3}", i) for i in range(12)])
+    name, query = unique_name("smc"), f"SELECT k, SUM(v) AS total, COUNT(*) AS n FROM {src} GROUP BY k"
+    st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL")
+    spark.sql(f"UPDATE {src} SET v = v + 10 WHERE id < 4")
+
+    def boom(table: str) -> None:
+        raise RuntimeError("injected crash after commit")
+
+    st.refresher.after_commit = boom
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            st.refresh_stream_table(name)
+    finally:
+        st.refresher.after_commit = lambda table: None
+    assert rows(st.read(name)) == rows(spark.sql(query))
+    r = st.refresh_stream_table(name)
+    assert r.action == "NO_DATA" and r.recovered, r
+    assert rows(st.read(name)) == rows(spark.sql(query))
+
+    other = StreamTables(spark, root=str(st.catalog.root))
+    spark.sql(f"DELETE FROM {src} WHERE k = 'k1'")
+    raced: list[str] = []
+
+    def other_wins_once(table: str) -> None:
+        if not raced:
+            raced.append(other.refresh_stream_table(table).apply or "")
+
+    hook, st.refresher.before_commit = st.refresher.before_commit, other_wins_once
+    try:
+        r = st.refresh_stream_table(name)
+    finally:
+        st.refresher.before_commit = hook
+    assert raced and raced[0].startswith("MERGE (own)") and r.action == "NO_DATA", (raced, r)
+    assert rows(st.read(name)) == rows(spark.sql(query))
