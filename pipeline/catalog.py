@@ -97,6 +97,15 @@ class StreamTableDef:
     #: rounds the last fixpoint evaluation of its cycle took (:mod:`pipeline.cycles`)
     last_fixpoint_iterations: int | None = None
 
+    def soft_frontier_over(self, version: int, record: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The soft frontier when it still applies: recorded while the table was at ``version`` and over the
+        refresh commit whose record is ``record`` (the same refresh_id); None otherwise. Why both: a table
+        another process rewrote to the same version number carries another refresh's record."""
+        soft = self.soft_frontier
+        if soft is None or soft.get("table_version") != version:
+            return None
+        return soft if soft.get("refresh_id") == (record or {}).get("refresh_id") else None
+
     @property
     def maintained_query(self) -> str:
         """The query the engine compiles and runs: over base tables and stream tables only."""

@@ -177,8 +177,8 @@ class _Component:
                 out[path] = v
                 continue
             meta = DeltaLog(self.spark, path).trickle_metadata_at(v) or {}
-            soft = self.r.catalog.get(key).soft_frontier if self.r.catalog.exists(key) else None
-            if soft is not None and soft.get("table_version") == v:
+            soft = self.r.catalog.get(key).soft_frontier_over(v, meta) if self.r.catalog.exists(key) else None
+            if soft is not None:
                 meta = soft
             out.update({p: int(x) for p, x in (meta.get("base_frontier") or {}).items()})
         return out

@@ -126,14 +126,13 @@ def needed_versions(st: StreamTables) -> tuple[dict[str, int], dict[str, int]]:
         committed = log.last_trickle_commit()
         if committed is not None:
             own[d.path.rstrip("/")] = committed[0]
-        soft = d.soft_frontier or {}
-        if committed is not None and soft.get("table_version") == log.latest_version() and soft.get(
-                "refresh_id") == committed[1].get("refresh_id"):
+        soft = d.soft_frontier_over(log.latest_version(), committed[1]) if committed is not None else None
+        if soft is not None:
             # the soft frontier holds (see pipeline.refresh): the next refresh reads from it, not from the
             # committed one, and housekeeping keeps it valid across its compaction commits
             frontiers = [soft.get("frontier")]
         else:
-            frontiers = [committed[1].get("frontier") if committed else None, soft.get("frontier")]
+            frontiers = [committed[1].get("frontier") if committed else None, (d.soft_frontier or {}).get("frontier")]
         for frontier in frontiers:
             for key, version in (frontier or {}).items():
                 if key in d.sources:

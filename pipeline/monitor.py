@@ -118,8 +118,8 @@ def reflected_base_frontier(spark: Any, d: Any) -> dict[str, int] | None:
     if found is None:
         return None
     meta = found[1]
-    soft = d.soft_frontier
-    if soft is not None and soft.get("table_version") == log.latest_version() and soft.get("base_frontier"):
+    soft = d.soft_frontier_over(log.latest_version(), meta)
+    if soft is not None and soft.get("base_frontier"):
         meta = soft
     base = meta.get("base_frontier")
     if not base:  # an older record: its direct sources are base tables

@@ -94,9 +94,8 @@ def reflected(st: StreamTablesHost, name: str) -> Reflected:
     if meta is None:  # created without data (initialize=False): reflects nothing yet
         return Reflected(version)
     d = st.catalog.get(name)
-    soft = d.soft_frontier
-    if soft is not None and soft.get("table_version") == version and soft.get("refresh_id") == meta.get(
-            "refresh_id"):
+    soft = d.soft_frontier_over(version, meta)
+    if soft is not None:
         meta = {**meta, **{k: soft[k] for k in ("frontier", "base_frontier") if k in soft}}
     base = meta.get("base_frontier")
     if not base:  # a record from before base frontiers: its direct sources were base tables

@@ -257,9 +257,8 @@ class Refresher:
         if found is None:
             return _Committed(version, None, None)
         meta = found[1]
-        soft = d.soft_frontier
-        if soft is not None and soft.get("table_version") == version and soft.get("refresh_id") == meta.get(
-                "refresh_id"):
+        soft = d.soft_frontier_over(version, meta)
+        if soft is not None:
             meta = {**meta, **{k: soft[k] for k in ("frontier", "base_frontier", "source_ids", "transactions")
                                if k in soft}}
         return _Committed(version, {k: int(v) for k, v in meta.get("frontier", {}).items()}, meta)
@@ -320,8 +319,8 @@ class Refresher:
                 add(src.path, post[key], key)
                 continue
             meta = DeltaLog(self.spark, src.path).trickle_metadata_at(post[key]) or {}
-            soft = self.catalog.get(key).soft_frontier if self.catalog.exists(key) else None
-            if soft is not None and soft.get("table_version") == post[key]:
+            soft = self.catalog.get(key).soft_frontier_over(post[key], meta) if self.catalog.exists(key) else None
+            if soft is not None:
                 meta = soft  # the upstream's empty refreshes since its last commit moved it along
             for path, version in (meta.get("base_frontier") or {}).items():
                 add(path, int(version), key)
