@@ -136,6 +136,22 @@ def test_float_identities_meet_recomputed_sums_and_keep_values_apart(spark: Any)
         assert all(got), (identity, [c for c, ok in zip(same + differ, got, strict=True) if not ok])
 
 
+def test_row_hash_keeps_the_hashes_stored_before_the_lazy_null_marker(spark: Any) -> None:
+    """``row_hash`` builds its NULL marker only for rows with a NULL key; the hashes must stay those of the
+    marker built for every row (``nullif(concat(flags), '000')``), which tables refreshed before store and
+    their deltas must still find: NULLs in every position, none, all, and ('a', NULL) apart from (NULL, 'a')."""
+    from dvm.plan import row_hash
+
+    keys = ["a", "b", "c"]
+    flags = ", ".join(f"IF(({k}) IS NULL, '1', '0')" for k in keys)
+    before = f"xxhash64(a, b, c, nullif(concat({flags}), '000'))"
+    rows = ("('x', 'y', 1), ('x', NULL, 1), (NULL, 'x', 1), ('x', 'y', NULL), (NULL, NULL, NULL), "
+            "(NULL, NULL, 2), ('', '', 0)")
+    got = spark.sql(f"SELECT {row_hash(keys)} AS now, {before} AS before FROM VALUES {rows} AS t(a, b, c)").collect()
+    assert [r.now for r in got] == [r.before for r in got]
+    assert len({r.now for r in got}) == len(got)
+
+
 def test_a_table_declared_before_bits37_keeps_its_float_identity(
     spark: Any, st: Any, make_source: Callable[..., str], unique_name: Callable[[str], str]
 ) -> None:
