@@ -50,11 +50,14 @@ DV_ABOVE_ROWS = "trickle.apply.deletionVectorsAboveRows"
 #: :func:`rewritten_rows`), a plain-rows table has those rows marked in deletion vectors by spark-trickle's own
 #: commit (:mod:`connectors.deletion_vectors`; turned on for the table when first needed) instead of the files
 #: rewritten: copy-on-write rewrites every file a deleted row is in, and scattered deletions touch every file,
-#: so its cost follows the table's size; marking costs one read of the hash column. -1: never (then a table
-#: with deletion vectors on is merged by Spark). A table with vectors stays so, and every reader must support
-#: them; the deltas of stream tables reading it still run on DuckDB (the driver's readers leave marked rows
-#: out: :mod:`connectors.vector_reads`). The figures behind the default are in docs/BENCHMARKS.md ("Deletions
-#: marked, not rewritten").
+#: so its cost follows the table's size; marking costs a binary search of the files' hash indexes
+#: (:mod:`connectors.hash_index`). -1: never (then a table with deletion vectors on is merged by Spark). A table
+#: with vectors stays so, and every reader must support them; the deltas of stream tables reading it still run
+#: on DuckDB (the driver's readers leave marked rows out: :mod:`connectors.vector_reads`). Why 50K: rewriting
+#: costs about 0.4 us a row, marking 10-20 ms whatever the size, so they break even near there (floor of the
+#: filter shape, 99K stored rows in one file: 0.150 s rewritten by the own MERGE, 0.111 s marked); below it
+#: a rewrite keeps a small table in one file, where marking adds a file per refresh until compaction. Figures
+#: in docs/BENCHMARKS.md ("Deletions marked, not rewritten", and session 38's floor).
 VECTORS_ABOVE_ROWS = "trickle.apply.vectorsAboveRows"
 #: Spark conf: bytes of driver memory the sorted ``__row_hash`` indexes of plain-rows tables' data files may hold
 #: between refreshes (:mod:`connectors.hash_index`, 20 bytes a stored row; default 1 GiB, about 50M rows): with
@@ -80,7 +83,7 @@ class Limits:
     delta_rs: bool = True
     full_collect_rows: int = 100_000
     dv_above_rows: int = 50_000_000
-    vectors_above_rows: int = 500_000
+    vectors_above_rows: int = 50_000
     hash_index_bytes: int = 1 << 30
     own_merge_rows: int = 100_000
 
