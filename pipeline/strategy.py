@@ -326,6 +326,13 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
         return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.2%} of the sources changed, above "
                                 f"this table's threshold {threshold:.1%} ({how}), but a DIFFERENTIAL refresh is "
                                 f"measured again once in {REMEASURE_EVERY} refreshes")
+    if (ratio > threshold and ratio > FLOOR_RATIO and model.slope_s is None and model.diff_n >= 2
+            and full_s is not None and model.floor_s is not None and model.floor_s < full_s):
+        # the threshold rests on an assumed slope (a delta of half the table costing a FULL refresh), which an
+        # aggregate's delta, growing with its changed groups, can miss by several times: learn it once
+        return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.1%} of the sources changed, above "
+                                f"this table's threshold {threshold:.1%} ({how}), but that threshold rests on an "
+                                "assumed slope: one DIFFERENTIAL refresh is measured at this ratio to learn it")
     if ratio > threshold:
         return FULL, (f"FULL: {ratio:.1%} of the sources changed, above this table's threshold "
                         f"{threshold:.1%} ({how})")

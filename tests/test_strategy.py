@@ -83,9 +83,15 @@ def test_auto_explores_differential_first_then_decides_by_learned_cost() -> None
     # slope unknown: a DIFFERENTIAL refresh of half the table is assumed to cost a FULL one
     threshold, how = model.threshold()
     assert threshold == pytest.approx((1.0 - 0.4) / 2.0) and "assumed" in how
+    # above it, while the slope is assumed, one DIFFERENTIAL refresh is measured to learn the slope
     action, reason = strategy.auto(0.5, model)
-    assert action == "FULL" and "50.0% of the sources changed, above this table's threshold 30.0%" in reason
+    assert action == "DIFFERENTIAL" and "assumed slope" in reason and "threshold 30.0%" in reason
     assert strategy.auto(0.1, model)[0] == "DIFFERENTIAL"
+    flat = model.learn("DIFFERENTIAL", 0.5, 0.5)  # an aggregate: half the source changed, the delta barely grew
+    assert flat.slope_s == pytest.approx(0.2) and strategy.auto(0.5, flat)[0] == "DIFFERENTIAL"
+    steep = model.learn("DIFFERENTIAL", 0.5, 2.4)  # plain rows: the delta grew with the change
+    action, reason = strategy.auto(0.5, steep)
+    assert action == "FULL" and "50.0% of the sources changed, above this table's threshold 15.0%" in reason
     # a DIFFERENTIAL refresh at 10% that took as long as a FULL one lowers the threshold to about 10%
     model = model.learn("DIFFERENTIAL", 0.1, 1.0)
     threshold, how = model.threshold()
