@@ -273,14 +273,6 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array,
     keys = {rel: _index_key(root, rel, int(add["size"])) for rel, add in files.items()}
     indexes.retain(os.path.join(os.path.abspath(root), ""), set(keys.values()))
 
-    def candidates(add: dict[str, Any]) -> bool:
-        stats = json.loads(add["stats"]) if add.get("stats") else {}
-        low, high = (stats.get("minValues") or {}).get(ROW_HASH), (stats.get("maxValues") or {}).get(ROW_HASH)
-        if low is None or high is None:
-            return True
-        i = np.searchsorted(wanted, int(low))
-        return bool(i < len(wanted) and wanted[i] <= int(high))
-
     def scan(rel: str) -> pa.Table | None:
         add, key = files[rel], keys[rel]
         index = indexes.get(key)
@@ -300,10 +292,25 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array,
                          POSITION: pa.array(found.positions, pa.int64()), ROW_ID: pa.array(found.ids, pa.int64()),
                          ROW_HASH: pa.array(found.hashes, pa.int64())})
 
-    todo = [rel for rel, add in files.items() if candidates(add)]
+    todo = files_bounding(files, ROW_HASH, wanted)
     with ThreadPoolExecutor(max_workers=4) as pool:
         parts = [t for t in pool.map(scan, todo) if t is not None]
     return pa.concat_tables([empty, *parts]).combine_chunks()
+
+
+def files_bounding(files: dict[str, dict[str, Any]], column: str, wanted: np.ndarray) -> list[str]:
+    """The live files whose statistics' bounds on the integer ``column`` may hold one of ``wanted`` (sorted
+    ascending); every file without such bounds."""
+    out = []
+    for rel, add in files.items():
+        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        low, high = (stats.get("minValues") or {}).get(column), (stats.get("maxValues") or {}).get(column)
+        if low is not None and high is not None:
+            i = np.searchsorted(wanted, int(low))
+            if not (i < len(wanted) and wanted[i] <= int(high)):
+                continue
+        out.append(rel)
+    return out
 
 
 def _index_key(root: str, rel: str, size: int) -> tuple[str, int]:

@@ -472,6 +472,22 @@ class DeltaLog:
                     return False
         return True
 
+    def marked_without_changes_between(self, after: int, upto: int) -> int | None:
+        """The first version in (``after``, ``upto``] whose change only its deletion vectors tell: a
+        data-changing ``add`` or ``remove`` with a vector and no change-data (``cdc``) file in the commit, as
+        Spark's DELETE writes it; None when there is none. A missing commit file counts (what it did cannot be
+        checked). Reads only the commit files (no Spark job; see :mod:`connectors.vector_reads`)."""
+        for v in range(after + 1, upto + 1):
+            actions = self.actions(v)
+            if not actions:
+                return v
+            if any("cdc" in a for a in actions):
+                continue
+            if any(f.get("deletionVector") and f.get("dataChange", True)
+                   for a in actions for f in [a.get("add") or a.get("remove")] if f):
+                return v
+        return None
+
     def last_trickle_commit(self) -> tuple[int, dict[str, Any]] | None:
         """The newest commit carrying a refresh record: the frontier the table's contents reflect."""
         for v in self._versions_back():

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from connectors import vector_reads
-from connectors.delta_log import TRICKLE_KEY
+from connectors.delta_log import TRICKLE_KEY, DeltaLog
 from connectors.storage import local_path
 
 #: Writer features delta-rs 1.x writes correctly (a table using any other one is left to Spark).
@@ -356,7 +356,7 @@ def read_changes(path: str, first: int, last: int, max_rows: int) -> Any | None:
     window read here costs milliseconds. Compared with ``table_changes`` on every window of a table changed by
     INSERT, MERGE, UPDATE, DELETE of rows, of whole partitions and of everything: the same rows. A window
     holding a commit whose change only its deletion vectors tell is left to Spark
-    (:func:`connectors.vector_reads.uncaptured`)."""
+    (:meth:`connectors.delta_log.DeltaLog.marked_without_changes_between`)."""
     local = local_path(path)
     if local is None:
         return None
@@ -364,7 +364,9 @@ def read_changes(path: str, first: int, last: int, max_rows: int) -> Any | None:
 
     try:
         table = opened(path, last)
-        if vector_reads.table_enabled(table) and vector_reads.uncaptured(local, first, last) is not None:
+        # DeltaLog reads a local log without Spark, through the refresh's one read of each commit file
+        if vector_reads.table_enabled(table) and DeltaLog(None, local).marked_without_changes_between(
+                first - 1, last) is not None:
             return None
         table = pa.table(table.load_cdf(starting_version=first, ending_version=last))
     except Exception:  # noqa: BLE001 - an optimisation only: Spark reads the change feed instead

@@ -171,8 +171,8 @@ def apply_collected(spark: Any, path: str, rows: Any, strategy: str, engine: str
 
 
 def _merged_here(spark: Any, path: str, rows: Any, update: bool, record: dict[str, Any], read_version: int) -> bool:
-    """Commit a MERGE with spark-trickle's own commit (:mod:`connectors.small_merge`); False, with the reason in
-    the record, when it cannot write this change (delta-rs' MERGE takes it then)."""
+    """Commit a MERGE with spark-trickle's own commit (:mod:`connectors.small_merge`); False when it cannot write
+    this change: delta-rs' MERGE takes it then, and the record's ``apply`` (written into that commit) says so."""
     from connectors import deletion_vectors, small_merge
 
     log = DeltaLog(spark, path)
@@ -185,7 +185,9 @@ def _merged_here(spark: Any, path: str, rows: Any, update: bool, record: dict[st
                           TXN_APP_ID)
         return True
     except deletion_vectors.Unusable as e:
-        record["apply_note"] = f"own merge not written: {e}"
+        computed = str(record.get("apply") or "").partition("; delta computed by ")[2]
+        record["apply"] = (f"MERGE (delta-rs): the own merge cannot write this change ({e})"
+                           + (f"; delta computed by {computed}" if computed else ""))
         return False
 
 

@@ -18,7 +18,6 @@ driver. Written by :mod:`connectors.own_commit` (local file systems only).
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 from urllib.parse import unquote
@@ -29,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from connectors import own_commit
-from connectors.deletion_vectors import Unusable, read_vector
+from connectors.deletion_vectors import Unusable, files_bounding, read_vector
 from connectors.storage import local_path
 
 ROW_ID, DEL = "__row_id", "__del"
@@ -54,7 +53,7 @@ def merge(path: str, read_version: int, files: dict[str, dict[str, Any]], schema
         raise Unusable("several change rows share a __row_id")
     deleting = changes[DEL].to_numpy(zero_copy_only=False).astype(bool)
     wanted = pa.array(ids, pa.int64())
-    touched = {rel: rows for rel in _candidates(files, ids)
+    touched = {rel: rows for rel in files_bounding(files, ROW_ID, np.sort(ids.astype(np.int64)))
                if (rows := _live_rows(root, files[rel], schema)) is not None
                and pc.any(pc.is_in(rows[ROW_ID], value_set=wanted)).as_py()}
     stored = (pa.concat_tables(list(touched.values())) if touched
@@ -98,21 +97,6 @@ def merge(path: str, read_version: int, files: dict[str, dict[str, Any]], schema
     own_commit.commit(root, read_version, actions, "MERGE", {"predicate": f"t.{ROW_ID} = s.{ROW_ID}"}, metrics,
                       record, txn_version, app_id, "small merge", blind_append=False, now=now)
     return {"inserted": inserted.num_rows, "updated": post.num_rows, "deleted": deleted_rows.num_rows}
-
-
-def _candidates(files: dict[str, dict[str, Any]], ids: np.ndarray) -> list[str]:
-    """The live files whose ``__row_id`` bounds may hold one of ``ids`` (all files without statistics)."""
-    wanted = np.sort(ids.astype(np.int64))
-    out = []
-    for rel, add in files.items():
-        stats = json.loads(add["stats"]) if add.get("stats") else {}
-        low, high = (stats.get("minValues") or {}).get(ROW_ID), (stats.get("maxValues") or {}).get(ROW_ID)
-        if low is not None and high is not None:
-            i = np.searchsorted(wanted, int(low))
-            if not (i < len(wanted) and wanted[i] <= int(high)):
-                continue
-        out.append(rel)
-    return out
 
 
 def _live_rows(root: str, add: dict[str, Any], schema: pa.Schema) -> pa.Table | None:

@@ -19,14 +19,13 @@ stays right.
 Change feeds: a commit that marks rows (an ``add`` or ``remove`` of data with a vector) describes its change
 only through the difference of two vectors unless it also carries change-data (``cdc``) files, which readers
 use instead. spark-trickle's commits and Spark's UPDATE and MERGE write them; Spark's DELETE does not, and a
-window holding such a commit is left to Spark (:func:`uncaptured`). (delta-rs 1.6.6's ``load_cdf`` derives such
+window holding such a commit is left to Spark (:meth:`connectors.delta_log.DeltaLog.marked_without_changes_between`). (delta-rs 1.6.6's ``load_cdf`` derives such
 a change from the two vectors, and matched ``table_changes`` on the windows tried, but that path is recent in
 delta-rs and failed on a partitioned table; it is not relied on here.)
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -84,26 +83,3 @@ def fragments(table: Any, root: str) -> tuple[list[Any], Any, Any, Any]:
     made = [file_format.make_fragment(file, filesystem=filesystem, partition_expression=expression)
             for file, expression in table._table.dataset_partitions(schema, None)]
     return made, schema, file_format, filesystem
-
-
-def uncaptured(root: str, first: int, last: int) -> int | None:
-    """The first commit of ``first``..``last`` whose change only its deletion vectors tell (a data-changing
-    ``add`` or ``remove`` with a vector and no ``cdc`` file in the commit); None when there is none. A missing
-    commit file counts as such a commit (what it did cannot be checked)."""
-    for version in range(first, last + 1):
-        try:
-            with open(os.path.join(root, "_delta_log", f"{version:020d}.json"), encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            return version
-        marks, cdc = False, False
-        for line in lines:
-            if '"cdc"' not in line and '"deletionVector"' not in line:
-                continue
-            action = json.loads(line)
-            cdc = cdc or "cdc" in action
-            file = action.get("add") or action.get("remove")
-            marks = marks or bool(file and file.get("deletionVector") and file.get("dataChange", True))
-        if marks and not cdc:
-            return version
-    return None

@@ -789,9 +789,9 @@ class LocalEngine:
             if first < 1:
                 raise Unsupported("a change window from version 0")
             self._readable(path, first - 1, last)
-            local = local_path(path)
-            if local is not None and vector_reads.enabled(DeltaLog(self.spark, path).protocol(last)):
-                marked = vector_reads.uncaptured(local, first, last)
+            log = DeltaLog(self.spark, path)
+            if vector_reads.enabled(log.protocol(last)):
+                marked = log.marked_without_changes_between(first - 1, last)
                 if marked is not None:
                     raise Unsupported(f"commit {marked} of {path} marks deleted rows in deletion vectors and "
                                       "writes no change-data file (Spark's DELETE does so): Spark derives its "
