@@ -312,6 +312,14 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
                                 "second one is measured")
     if (model.full_n <= 1 and model.diff_n >= 1 and ratio > FLOOR_RATIO
             and (full_s is None or model.estimate(ratio) >= COLD_FULL_SHARE * full_s)):
+        if (_slope_assumed(ratio, model) and full_s is not None and model.floor_s is not None
+                and model.floor_s < COLD_FULL_SHARE * full_s):
+            # the expected cost that called for this FULL rests on the assumed slope, which overstates a
+            # delta by 2-5x at 10-20% change in the benchmark's shapes: one DIFFERENTIAL refresh at this ratio
+            # learns the slope, and the FULL is measured after it only if the delta still may lose
+            return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.1%} of the sources changed; a "
+                                  "FULL refresh would be measured here on an assumed slope, so one DIFFERENTIAL "
+                                  "refresh is measured at this ratio first to learn it")
         return FULL, (f"FULL: {ratio:.1%} of the sources changed, and this table's only FULL refresh so far was "
                         "its initial population (a cold start): one is measured to learn what FULL costs")
     if (model.full_n == 1 and model.diff_n >= 2 and full_s is not None and model.floor_s is not None
@@ -326,7 +334,7 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
         return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.2%} of the sources changed, above "
                                 f"this table's threshold {threshold:.1%} ({how}), but a DIFFERENTIAL refresh is "
                                 f"measured again once in {REMEASURE_EVERY} refreshes")
-    if (ratio > threshold and ratio > FLOOR_RATIO and model.slope_s is None and model.diff_n >= 2
+    if (ratio > threshold and _slope_assumed(ratio, model)
             and full_s is not None and model.floor_s is not None and model.floor_s < full_s):
         # the threshold rests on an assumed slope (a delta of half the table costing a FULL refresh), which an
         # aggregate's delta, growing with its changed groups, can miss by several times: learn it once
@@ -338,6 +346,12 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
                         f"{threshold:.1%} ({how})")
     return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.2%} of the sources changed, below this "
                             f"table's threshold {threshold:.1%} ({how})")
+
+
+def _slope_assumed(ratio: float, model: CostModel) -> bool:
+    """Whether a window of ``ratio`` would be judged on the assumed slope although this table's floor is
+    known: the slope is what a DIFFERENTIAL refresh at this ratio measures."""
+    return model.slope_s is None and model.diff_n >= 2 and ratio > FLOOR_RATIO
 
 
 def budget(model: CostModel, setting: str | None) -> float | None:

@@ -76,8 +76,13 @@ def test_auto_explores_differential_first_then_decides_by_learned_cost() -> None
     model = model.learn("DIFFERENTIAL", 0.001, 0.4)
     assert model.floor_s == pytest.approx(0.4) and model.diff_n == 2  # the cold one replaced, not averaged
     assert strategy.auto(0.001, model)[0] == "DIFFERENTIAL"  # a FULL cannot pay off at the floor's ratio
+    # above the floor's ratio the expected delta rests on the assumed slope: it is learned before any FULL
     action, reason = strategy.auto(0.1, model)
+    assert action == "DIFFERENTIAL" and "learn it" in reason
+    learned = model.learn("DIFFERENTIAL", 0.1, 0.9)  # the delta grew with the change: FULL may win
+    action, reason = strategy.auto(0.1, learned)
     assert action == "FULL" and "initial population (a cold start)" in reason
+    assert strategy.auto(0.1, model.learn("DIFFERENTIAL", 0.1, 0.45))[0] == "DIFFERENTIAL"  # it barely grew
     model = model.learn("FULL", None, 1.0)
     assert model.full_s == pytest.approx(1.0) and model.full_n == 2
     # slope unknown: a DIFFERENTIAL refresh of half the table is assumed to cost a FULL one
@@ -128,7 +133,10 @@ def test_auto_measures_a_warm_full_when_the_floor_nears_the_cold_one() -> None:
     # nor above it when even a quarter of the cold FULL is above the expected delta (10M rows, 1-3% change)
     cheap = CostModel().learn("FULL", None, 10.0).learn("DIFFERENTIAL", 0.01, 1.0).learn("DIFFERENTIAL", 0.01, 0.3)
     assert strategy.auto(0.03, cheap)[0] == "DIFFERENTIAL"  # expected 0.3 + 20 x 0.03 = 0.9 s < 2.5 s
-    action, reason = strategy.auto(0.2, cheap)  # expected 4.3 s: FULL may well win, so it is measured
+    action, reason = strategy.auto(0.2, cheap)  # expected 4.3 s on the assumed slope: learned first
+    assert action == "DIFFERENTIAL" and "assumed slope" in reason
+    cheap = cheap.learn("DIFFERENTIAL", 0.2, 4.3)  # it held: FULL may well win, so it is measured
+    action, reason = strategy.auto(0.2, cheap)
     assert action == "FULL" and "initial population (a cold start)" in reason
 
 
