@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import dvm
+from connectors import delta_sink
 from connectors.delta_log import DeltaLog
 from connectors.storage import strip_file_scheme
 from dvm import PREV, quote
@@ -311,7 +312,7 @@ class StreamTables:
         sql = self.refresher.full_sql(d, latest, ctx)
         with fixpoints.evaluated(self.spark, ctx):
             df = fixpoints.reader(self.spark, ctx).sql(sql).limit(0)
-            (df.write.format("delta").mode("overwrite").option("delta.enableChangeDataFeed", "true").save(d.path))
+            df.write.format("delta").mode("overwrite").options(**delta_sink.creation_options(df.schema)).save(d.path)
 
     def alter_stream_table(self, name: str, schedule: str | None = None, refresh_mode: str | None = None,
                            status: str | None = None, query: str | None = None, dialect: str | None = None) -> None:
