@@ -224,9 +224,12 @@ BUDGET_MIN_S = 30.0
 @dataclass(frozen=True)
 class CostModel:
     """What this stream table's refreshes have cost, learned per table like pg_trickle's adaptive threshold:
-    a FULL refresh costs about ``full_s`` whatever changed; a DIFFERENTIAL one ``floor_s`` plus ``slope_s``
-    per unit of change ratio (bytes of the sources' change feeds over the bytes of the sources). Running
-    averages, so a table that grows or a machine that gets busier moves them along.
+    a FULL refresh costs about ``full_s`` whatever changed; a DIFFERENTIAL one ``floor_s`` up to the change
+    ratio ``floor_ratio`` its floor was measured at (bytes of the sources' change feeds over the bytes of the
+    sources), plus ``slope_s`` per unit of change ratio above it. Running averages, so a table that grows or
+    a machine that gets busier moves them along. Why the floor's ratio: a table whose first refreshes saw 18%
+    of its sources change has its floor measured there, and a slope taken from a later refresh at the same
+    ratio would be noise around zero (it once made AUTO take a 50% window for as cheap as the floor).
 
     The first refresh of each kind is a cold start (the initial population writes a new table through
     Spark; the first delta compiles its code), measured at up to several times a warm one, so the second
@@ -238,6 +241,7 @@ class CostModel:
     slope_s: float | None = None
     full_n: int = 0
     diff_n: int = 0
+    floor_ratio: float = 0.0
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any] | None) -> CostModel:
@@ -245,23 +249,29 @@ class CostModel:
         # a model saved before the counts existed: each estimate it holds is one (cold) observation
         return cls(doc.get("full_s"), doc.get("floor_s"), doc.get("slope_s"),
                    int(doc.get("full_n", doc.get("full_s") is not None)),
-                   int(doc.get("diff_n", doc.get("floor_s") is not None)))
+                   int(doc.get("diff_n", doc.get("floor_s") is not None)), float(doc.get("floor_ratio") or 0.0))
 
     def to_dict(self) -> dict[str, float | int | None]:
         return {"full_s": self.full_s, "floor_s": self.floor_s, "slope_s": self.slope_s,
-                "full_n": self.full_n, "diff_n": self.diff_n}
+                "full_n": self.full_n, "diff_n": self.diff_n, "floor_ratio": self.floor_ratio}
 
     def slope(self) -> float | None:
         """Seconds per unit of change ratio; without an observed one, a DIFFERENTIAL refresh of half the table
         is assumed to cost a FULL one."""
-        if self.slope_s:
+        if self.slope_s is not None:
             return self.slope_s
         return self.full_s / 0.5 if self.full_s is not None else None
+
+    def at_floor(self, ratio: float) -> bool:
+        """Whether a window of ``ratio`` costs this table's floor: at or near the ratio it was measured at."""
+        return ratio <= max(FLOOR_RATIO, self.floor_ratio + FLOOR_RATIO)
 
     def estimate(self, ratio: float) -> float | None:
         """Seconds a DIFFERENTIAL refresh over change ratio ``ratio`` is expected to cost (None: unknown)."""
         slope = self.slope()
-        return None if self.floor_s is None or slope is None else self.floor_s + slope * ratio
+        if self.floor_s is None or slope is None:
+            return None
+        return self.floor_s + slope * max(0.0, ratio - self.floor_ratio)
 
     def threshold(self) -> tuple[float, str]:
         """The change ratio above which FULL is cheaper, and how it was found."""
@@ -269,7 +279,10 @@ class CostModel:
             return DEFAULT_THRESHOLD, "the default (no cost history yet)"
         slope = self.slope()
         assert slope is not None
-        breakeven = max(0.0, (self.full_s - self.floor_s) / slope) if slope > 0 else 1.0
+        if self.floor_s >= self.full_s:
+            breakeven = 0.0
+        else:
+            breakeven = self.floor_ratio + (self.full_s - self.floor_s) / slope if slope > 0 else 1.0
         how = (f"learned: FULL ~{self.full_s:.2f} s, DIFFERENTIAL ~{self.floor_s:.2f} s + {slope:.2f} s x ratio"
                + ("" if self.slope_s else " (slope assumed)"))
         return min(breakeven, 1.0), how
@@ -284,10 +297,11 @@ class CostModel:
         if action != DIFFERENTIAL or ratio is None:
             return self
         n = self.diff_n + 1
-        if self.floor_s is None or self.diff_n <= 1 or ratio <= FLOOR_RATIO:
+        if self.floor_s is None or self.diff_n <= 1 or self.at_floor(ratio):
             # the floor (the first two observations set it, whatever their ratio: the first is a cold start)
-            return replace(self, floor_s=avg(self.floor_s, self.diff_n, seconds), diff_n=n)
-        per_ratio = max(0.0, seconds - self.floor_s) / ratio
+            return replace(self, floor_s=avg(self.floor_s, self.diff_n, seconds),
+                           floor_ratio=avg(self.floor_ratio, self.diff_n, ratio), diff_n=n)
+        per_ratio = max(0.0, seconds - self.floor_s) / (ratio - self.floor_ratio)
         slope = per_ratio if self.slope_s is None else (1 - ALPHA) * self.slope_s + ALPHA * per_ratio
         return replace(self, slope_s=slope, diff_n=n)
 
@@ -351,7 +365,7 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
 def _slope_assumed(ratio: float, model: CostModel) -> bool:
     """Whether a window of ``ratio`` would be judged on the assumed slope although this table's floor is
     known: the slope is what a DIFFERENTIAL refresh at this ratio measures."""
-    return model.slope_s is None and model.diff_n >= 2 and ratio > FLOOR_RATIO
+    return model.slope_s is None and model.diff_n >= 2 and not model.at_floor(ratio)
 
 
 def budget(model: CostModel, setting: str | None) -> float | None:

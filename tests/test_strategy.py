@@ -87,16 +87,16 @@ def test_auto_explores_differential_first_then_decides_by_learned_cost() -> None
     assert model.full_s == pytest.approx(1.0) and model.full_n == 2
     # slope unknown: a DIFFERENTIAL refresh of half the table is assumed to cost a FULL one
     threshold, how = model.threshold()
-    assert threshold == pytest.approx((1.0 - 0.4) / 2.0) and "assumed" in how
+    assert threshold == pytest.approx(0.001 + (1.0 - 0.4) / 2.0) and "assumed" in how
     # above it, while the slope is assumed, one DIFFERENTIAL refresh is measured to learn the slope
     action, reason = strategy.auto(0.5, model)
-    assert action == "DIFFERENTIAL" and "assumed slope" in reason and "threshold 30.0%" in reason
+    assert action == "DIFFERENTIAL" and "assumed slope" in reason and "threshold 30.1%" in reason
     assert strategy.auto(0.1, model)[0] == "DIFFERENTIAL"
     flat = model.learn("DIFFERENTIAL", 0.5, 0.5)  # an aggregate: half the source changed, the delta barely grew
-    assert flat.slope_s == pytest.approx(0.2) and strategy.auto(0.5, flat)[0] == "DIFFERENTIAL"
+    assert flat.slope_s == pytest.approx(0.1 / 0.499) and strategy.auto(0.5, flat)[0] == "DIFFERENTIAL"
     steep = model.learn("DIFFERENTIAL", 0.5, 2.4)  # plain rows: the delta grew with the change
     action, reason = strategy.auto(0.5, steep)
-    assert action == "FULL" and "50.0% of the sources changed, above this table's threshold 15.0%" in reason
+    assert action == "FULL" and "50.0% of the sources changed, above this table's threshold 15.1%" in reason
     # a DIFFERENTIAL refresh at 10% that took as long as a FULL one lowers the threshold to about 10%
     model = model.learn("DIFFERENTIAL", 0.1, 1.0)
     threshold, how = model.threshold()
@@ -138,6 +138,27 @@ def test_auto_measures_a_warm_full_when_the_floor_nears_the_cold_one() -> None:
     cheap = cheap.learn("DIFFERENTIAL", 0.2, 4.3)  # it held: FULL may well win, so it is measured
     action, reason = strategy.auto(0.2, cheap)
     assert action == "FULL" and "initial population (a cold start)" in reason
+
+
+def test_a_floor_measured_at_a_high_ratio_is_not_mistaken_for_a_flat_delta() -> None:
+    """A table whose first windows each changed 18% of its sources has its floor measured at 18%: another
+    DIFFERENTIAL refresh at 18% refines that floor (a slope taken from it would be noise around zero); a 59%
+    window is then judged on an assumed slope, so one DIFFERENTIAL refresh there learns the real one; a
+    learned slope of zero is a slope, not an unknown."""
+    model = CostModel().learn("FULL", None, 3.0).learn("DIFFERENTIAL", 0.18, 1.5).learn("DIFFERENTIAL", 0.18, 0.9)
+    assert model.floor_ratio == pytest.approx(0.18)
+    assert strategy.auto(0.18, model)[0] == "FULL"  # the floor (0.9 s) reaches a quarter of the cold FULL
+    model = model.learn("FULL", None, 2.0).learn("DIFFERENTIAL", 0.181, 0.95)
+    assert model.slope_s is None and model.floor_s == pytest.approx(0.7 * 0.9 + 0.3 * 0.95)
+    assert model.estimate(0.1) == model.floor_s  # below the floor's ratio a delta costs the floor
+    action, reason = strategy.auto(0.59, model)
+    assert action == "DIFFERENTIAL" and "assumed slope" in reason
+    steep = model.learn("DIFFERENTIAL", 0.59, 4.1)  # plain rows: the delta grew with the change
+    assert steep.slope_s == pytest.approx((4.1 - steep.floor_s) / (0.59 - steep.floor_ratio))
+    assert strategy.auto(0.59, steep)[0] == "FULL" and strategy.auto(0.18, steep)[0] == "DIFFERENTIAL"
+    flat = model.learn("DIFFERENTIAL", 0.59, 0.5)  # an aggregate: cheaper than the floor, slope 0
+    assert flat.slope_s == 0.0 and flat.slope() == 0.0 and strategy.auto(0.59, flat)[0] == "DIFFERENTIAL"
+    assert CostModel.from_dict(flat.to_dict()) == flat
 
 
 def test_cost_model_round_trips_and_averages() -> None:
