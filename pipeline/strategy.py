@@ -284,7 +284,7 @@ class CostModel:
         else:
             breakeven = self.floor_ratio + (self.full_s - self.floor_s) / slope if slope > 0 else 1.0
         how = (f"learned: FULL ~{self.full_s:.2f} s, DIFFERENTIAL ~{self.floor_s:.2f} s + {slope:.2f} s x ratio"
-               + ("" if self.slope_s else " (slope assumed)"))
+               + ("" if self.slope_s is not None else " (slope assumed)"))
         return min(breakeven, 1.0), how
 
     def learn(self, action: str, ratio: float | None, seconds: float) -> CostModel:
@@ -326,8 +326,7 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
                                 "second one is measured")
     if (model.full_n <= 1 and model.diff_n >= 1 and ratio > FLOOR_RATIO
             and (full_s is None or model.estimate(ratio) >= COLD_FULL_SHARE * full_s)):
-        if (_slope_assumed(ratio, model) and full_s is not None and model.floor_s is not None
-                and model.floor_s < COLD_FULL_SHARE * full_s):
+        if _slope_assumed(ratio, model, COLD_FULL_SHARE):
             # the expected cost that called for this FULL rests on the assumed slope, which overstates a
             # delta by 2-5x at 10-20% change in the benchmark's shapes: one DIFFERENTIAL refresh at this ratio
             # learns the slope, and the FULL is measured after it only if the delta still may lose
@@ -348,8 +347,7 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
         return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.2%} of the sources changed, above "
                                 f"this table's threshold {threshold:.1%} ({how}), but a DIFFERENTIAL refresh is "
                                 f"measured again once in {REMEASURE_EVERY} refreshes")
-    if (ratio > threshold and _slope_assumed(ratio, model)
-            and full_s is not None and model.floor_s is not None and model.floor_s < full_s):
+    if ratio > threshold and _slope_assumed(ratio, model, 1.0):
         # the threshold rests on an assumed slope (a delta of half the table costing a FULL refresh), which an
         # aggregate's delta, growing with its changed groups, can miss by several times: learn it once
         return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.1%} of the sources changed, above "
@@ -362,10 +360,13 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
                             f"table's threshold {threshold:.1%} ({how})")
 
 
-def _slope_assumed(ratio: float, model: CostModel) -> bool:
+def _slope_assumed(ratio: float, model: CostModel, below_full: float) -> bool:
     """Whether a window of ``ratio`` would be judged on the assumed slope although this table's floor is
-    known: the slope is what a DIFFERENTIAL refresh at this ratio measures."""
-    return model.slope_s is None and model.diff_n >= 2 and not model.at_floor(ratio)
+    known and below ``below_full`` x its FULL refresh: the slope is what a DIFFERENTIAL refresh at this ratio
+    measures, and the floor's bound says that refresh can still be the cheaper mode."""
+    return (model.slope_s is None and model.diff_n >= 2 and not model.at_floor(ratio)
+            and model.full_s is not None and model.floor_s is not None
+            and model.floor_s < below_full * model.full_s)
 
 
 def budget(model: CostModel, setting: str | None) -> float | None:

@@ -158,6 +158,7 @@ def test_a_floor_measured_at_a_high_ratio_is_not_mistaken_for_a_flat_delta() -> 
     assert strategy.auto(0.59, steep)[0] == "FULL" and strategy.auto(0.18, steep)[0] == "DIFFERENTIAL"
     flat = model.learn("DIFFERENTIAL", 0.59, 0.5)  # an aggregate: cheaper than the floor, slope 0
     assert flat.slope_s == 0.0 and flat.slope() == 0.0 and strategy.auto(0.59, flat)[0] == "DIFFERENTIAL"
+    assert "assumed" not in flat.threshold()[1]
     assert CostModel.from_dict(flat.to_dict()) == flat
 
 
