@@ -170,6 +170,13 @@ def apply_collected(spark: Any, path: str, rows: Any, strategy: str, engine: str
     return _counts(DeltaLog(spark, path).commit_info(version))
 
 
+def applied(commit: str, record: dict[str, Any]) -> str:
+    """The refresh record's ``apply``: how the delta is committed (``commit``), and which engine computed it
+    (the record's ``delta_engine``, see :mod:`pipeline.local_engine`)."""
+    engine = record.get("delta_engine")
+    return commit + (f"; delta computed by {engine}" if engine else "")
+
+
 def _merged_here(spark: Any, path: str, rows: Any, update: bool, record: dict[str, Any], read_version: int) -> bool:
     """Commit a MERGE with spark-trickle's own commit (:mod:`connectors.small_merge`); False when it cannot write
     this change: delta-rs' MERGE takes it then, and the record's ``apply`` (written into that commit) says so."""
@@ -185,9 +192,7 @@ def _merged_here(spark: Any, path: str, rows: Any, update: bool, record: dict[st
                           TXN_APP_ID)
         return True
     except deletion_vectors.Unusable as e:
-        computed = str(record.get("apply") or "").partition("; delta computed by ")[2]
-        record["apply"] = (f"MERGE (delta-rs): the own merge cannot write this change ({e})"
-                           + (f"; delta computed by {computed}" if computed else ""))
+        record["apply"] = applied(f"MERGE (delta-rs): the own merge cannot write this change ({e})", record)
         return False
 
 

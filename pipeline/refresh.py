@@ -582,8 +582,7 @@ class Refresher:
         index_bytes = strategy.Limits.from_conf(self.conf).hash_index_bytes
         stored = deletion_vectors.locate(log.path, files, hashes, index_bytes) if len(hashes) else None
         inserts, deletes = plain_rows.split(delta, stored, plan.stored_columns(), ctx.salt)
-        engine = record.get("delta_engine")
-        record["apply"] = choice.describe() + (f"; delta computed by {engine}" if engine else "")
+        record["apply"] = delta_sink.applied(choice.describe(), record)
         self.before_commit(d.name)
         try:
             return deletion_vectors.commit(d.path, read_version, files, deletion_vectors.arrow_schema(meta),
@@ -693,9 +692,7 @@ class Refresher:
         target_rows = delta_rs.table_rows(d.path, read_version) if read_version is not None else None
         choice = strategy.choose(rows.num_rows, deletes, appendable, delta_rs.unusable(d.path, protocol), limits,
                                  target_rows, self._own_unusable(d, protocol, read_version))
-        # which engine computed the delta (pipeline.local_engine), beside how it was committed
-        engine = record.get("delta_engine")
-        record["apply"] = choice.describe() + (f"; delta computed by {engine}" if engine else "")
+        record["apply"] = delta_sink.applied(choice.describe(), record)
         if choice.strategy == strategy.NONE:
             return None
         if choice.engine == "spark-dv" and "deletionVectors" not in ((protocol or {}).get("writerFeatures") or []):
