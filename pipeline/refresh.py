@@ -56,7 +56,7 @@ from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.decision import RefreshResult, decide, nothing_moved
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 from pipeline.modes import RefreshAction, RefreshMode, TableStatus
-from pipeline.session_conf import ConfReads
+from pipeline.session_conf import ConfReads, jvm_session
 
 #: Spark conf: differential refreshes over less data than this many bytes run interpreted (no codegen).
 INTERPRETED_BELOW = "trickle.refresh.interpretedBelowBytes"
@@ -124,7 +124,7 @@ class Refresher:
     @contextmanager
     def _conf_reads(self) -> Iterator[None]:
         outer = getattr(self._thread, "conf", None)
-        self._thread.conf = ConfReads(self.spark.conf)
+        self._thread.conf = ConfReads(self.spark.conf, jvm_session(self.spark))
         try:
             yield
         finally:
