@@ -44,6 +44,11 @@ SMALL_MACHINE_DEFAULTS: dict[str, str] = {
     # thread stack (docs/BENCHMARKS.md, "Figures behind the code"). Stacks are reserved lazily, so a larger
     # default costs address space, not memory.
     "spark.driver.extraJavaOptions": "-Xss16m",
+    # A plain-rows table's __row_hash and __row_id are unique per row, so Parquet's dictionary encoding fills
+    # a dictionary page for nothing before falling back to plain values: about a tenth of the task CPU of
+    # writing 1M rows with them (docs/BENCHMARKS.md, session 40). Per-column Parquet settings; no user
+    # column is named so (``__`` names are reserved).
+    **{f"spark.hadoop.parquet.enable.dictionary#{c}": "false" for c in ("__row_hash", "__row_id")},
 }
 
 
