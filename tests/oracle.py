@@ -79,10 +79,10 @@ def sql_literal(value: Any, sql_type: str | None = None) -> str:
 
 #: The harness's own Spark statements (the oracle's recomputation, the sources' Spark MERGEs) join tables of
 #: tens of rows: without broadcasts (a broadcast is a Spark job of its own, collected to the driver and
-#: shipped) and hashed rather than sorted, so over the oracle's single-partition inputs (see ``run_oracle``)
-#: a cycle's compare is one job without a shuffle, plus one per uncorrelated scalar subquery. Results are
-#: the same; only the physical plan differs.
-ORACLE_JOINS = {"spark.sql.autoBroadcastJoinThreshold": "-1", "spark.sql.join.preferSortMergeJoin": "false"}
+#: shipped), so over the oracle's single-partition inputs (see ``run_oracle``) a cycle's compare is one job
+#: without a shuffle, plus one per uncorrelated scalar subquery. Results are the same; only the physical
+#: plan differs.
+ORACLE_JOINS = {"spark.sql.autoBroadcastJoinThreshold": "-1"}
 
 
 @contextmanager
