@@ -39,14 +39,16 @@ ALIGN = "|---:|---:|" + "---:|" * 7 + "---|" + "---:|" * 12 + "---|---|"
 
 
 def load(paths: list[Path], tag: str = "") -> list[dict[str, Any]]:
-    """Cells of the runs labelled ``tag`` (``--tag`` of run.py; "" = default settings)."""
+    """Cells of the runs labelled ``tag`` (``--tag`` of run.py; "" = default settings; several tags separated
+    by commas, e.g. one run per source size, merged with the newest file winning a cell)."""
+    tags = set(tag.split(","))
     cells: dict[tuple[int, float, str], dict[str, Any]] = {}
     for p in sorted(paths, key=lambda p: p.stat().st_mtime):
         data = json.loads(p.read_text())
         if not isinstance(data, list):  # a floor file given by hand
             continue
         for row in data:
-            if "diff_driver_s" in row and row.get("tag", "") == tag:  # older files lack the breakdown
+            if "diff_driver_s" in row and row.get("tag", "") in tags:  # older files lack the breakdown
                 cells[(row["rows"], row["rate"], row["shape"])] = row
     return [cells[k] for k in sorted(cells)]
 
@@ -216,7 +218,7 @@ def freshness_plot(rows: list[dict[str, Any]], png: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="*", type=Path)
-    p.add_argument("--tag", default="", help="only runs with this --tag (default: untagged runs)")
+    p.add_argument("--tag", default="", help="only runs with this --tag, or any of several separated by commas (default: untagged runs)")
     p.add_argument("--png", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "benchmark_speedup.png")
     p.add_argument("--no-plot", action="store_true", help="tables only (no matplotlib needed)")
     p.add_argument("--freshness", action="store_true", help="a ./dev bench kafka run instead of the matrix")
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         floors = [x for x in args.results if x.name.startswith("floor-")]
     else:
         paths, floors = sorted(OUT.glob("results-*.json")), sorted(OUT.glob("floor-*.json"))
-    floors = [x for x in floors if json.loads(x.read_text()).get("tag", "") == args.tag]
+    floors = [x for x in floors if json.loads(x.read_text()).get("tag", "") in args.tag.split(",")]
     if not paths and not floors:
         print("no results: run ./dev bench (or ./dev bench floor) first", file=sys.stderr)
         return 1
