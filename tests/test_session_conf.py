@@ -13,6 +13,7 @@ def test_one_round_trip_reads_what_spark_conf_answers(spark: Any) -> None:
     odd = "a -> b, (c) \n d"
     spark.conf.set("trickle.test.odd", odd)
     spark.conf.set("trickle.test.n", "7")
+    spark.conf.set("trickle.test.later", "before")
     try:
         reads = ConfReads(spark.conf, jvm_session(spark))
         assert reads.get("trickle.test.odd") == odd == spark.conf.get("trickle.test.odd")
@@ -23,9 +24,12 @@ def test_one_round_trip_reads_what_spark_conf_answers(spark: Any) -> None:
         # one snapshot per refresh: a change made meanwhile is seen by the next refresh's reads
         spark.conf.set("trickle.test.n", "8")
         assert reads.get("trickle.test.n", "1") == "7"
+        # one round trip for every trickle.* key: one not asked for until now was read with the first
+        spark.conf.set("trickle.test.later", "after")
+        assert reads.get("trickle.test.later") == "before"
         assert ConfReads(spark.conf, jvm_session(spark)).get("trickle.test.n", "1") == "8"
         # Spark Connect (no JVM session): every key asked for on its own
         assert ConfReads(spark.conf, None).get("trickle.test.n") == "8"
     finally:
-        for k in ("odd", "n"):
+        for k in ("odd", "n", "later"):
             spark.conf.unset(f"trickle.test.{k}")
