@@ -211,3 +211,53 @@ def test_plain_rows_keep_no_statistics_for_their_hash(
             bounds = json.loads(add["stats"])["minValues"]
             assert set(stored) - set(bounds) == unindexed, (name, stored, bounds)
     _check(spark, st, plain, f"SELECT k, v FROM {src}", "after a FULL refresh")
+
+
+def test_stream_tables_write_parquet_v2_without_dictionaries_for_hidden_columns(
+    spark: Any, st: Any, make_source: Callable[..., str], unique_name: Callable[[str], str]
+) -> None:
+    """New stream tables carry how Spark writes their Parquet files as table properties (delta_sink.
+    table_properties), which reach every Spark write into them and no other table's: v2 pages and
+    encodings (``__row_id`` delta-packed), no dictionary for ``__row_hash`` / ``__row_id``. With
+    ``trickle.streamTable.parquetWriterVersion=v1`` the files are v1; a value other than v1/v2 is refused
+    before anything is created. Every reader still sees the query's rows (``_check``)."""
+    import glob
+    import os
+
+    import pyarrow.parquet as pq
+
+    from connectors.delta_sink import PARQUET_WRITER
+    from tests.oracle import session_conf
+
+    src = make_source("pq_src", "id INT, k INT, v STRING", rows=[(i, i % 3, f"s{i % 5}") for i in range(200)])
+
+    def encodings(name: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for f in glob.glob(os.path.join(st.catalog.get(name).path, "*.parquet")):
+            md = pq.ParquetFile(f).metadata
+            for g in range(md.num_row_groups):
+                for i in range(md.num_columns):
+                    c = md.row_group(g).column(i)
+                    out.setdefault(c.path_in_schema, set()).update(c.encodings)
+        return out
+
+    v2, v1 = unique_name("pq_v2"), unique_name("pq_v1")
+    st.create_stream_table(v2, f"SELECT k, v FROM {src}", refresh_mode="FULL")
+    with session_conf(spark, {PARQUET_WRITER: "v1"}):
+        st.create_stream_table(v1, f"SELECT k, v FROM {src}", refresh_mode="FULL")
+    props = {r[0]: r[1] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{st.catalog.get(v2).path}`").collect()}
+    assert props["parquet.writer.version"] == "v2" and props["delta.enableChangeDataFeed"] == "true", props
+    assert props["parquet.enable.dictionary#__row_hash"] == props["parquet.enable.dictionary#__row_id"] == "false"
+    got = encodings(v2)
+    assert got["__row_id"] == {"DELTA_BINARY_PACKED"}, got  # neither PLAIN nor a dictionary
+    assert not got["__row_hash"] & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}, got
+    old = encodings(v1)
+    assert "PLAIN" in old["__row_id"] and "DELTA_BINARY_PACKED" not in old["__row_id"], old
+    spark.sql(f"INSERT INTO {src} VALUES (500, 1, 's1'), (501, NULL, NULL)")
+    for name in (v2, v1):
+        assert st.refresh_stream_table(name).action == "FULL"
+        _check(spark, st, name, f"SELECT k, v FROM {src}", "after a FULL refresh")
+    bad = unique_name("pq_bad")
+    with session_conf(spark, {PARQUET_WRITER: "v3"}), pytest.raises(Exception, match="parquetWriterVersion"):
+        st.create_stream_table(bad, f"SELECT k, v FROM {src}", refresh_mode="FULL")
+    assert bad not in st.catalog.names()
