@@ -47,7 +47,8 @@ SMALL_MACHINE_DEFAULTS: dict[str, str] = {
     # A plain-rows table's __row_hash and __row_id are unique per row, so Parquet's dictionary encoding fills
     # a dictionary page for nothing before falling back to plain values: about a tenth of the task CPU of
     # writing 1M rows with them (docs/BENCHMARKS.md, session 40). Per-column Parquet settings; no user
-    # column is named so (``__`` names are reserved).
+    # column is named so (``__`` names are reserved). New stream tables carry the same as table properties
+    # (connectors.delta_sink.table_properties), which hold in any session; this covers tables made before.
     **{f"spark.hadoop.parquet.enable.dictionary#{c}": "false" for c in ("__row_hash", "__row_id")},
 }
 
