@@ -20,6 +20,7 @@ from typing import Any
 
 from connectors.delta_log import TRICKLE_KEY, DeltaLog
 from dvm import ROW_HASH, ROW_ID, quote
+from dvm.dialect import sql_string
 
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 #: the Delta idempotent-transaction app id of refresh commits (see the module docstring)
@@ -279,11 +280,9 @@ def create(spark: Any, df: Any, path: str) -> bool:
     commit, without a refresh record); False when it exists already (another writer created it first)."""
     if DeltaLog(spark, path).latest_version() is not None:
         return False
-    writer = df.limit(0).writeTo(f"delta.{quote(path)}").using("delta")
-    for k, v in table_properties(spark, df.schema).items():
-        writer = writer.tableProperty(k, v)
-    try:
-        writer.create()
+    props = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in table_properties(spark, df.schema).items())
+    try:  # a schema, no data file (an empty DataFrame written would leave one behind the first overwrite)
+        spark.sql(f"CREATE TABLE delta.{quote(path)} ({df._jdf.schema().toDDL()}) USING delta TBLPROPERTIES ({props})")
     except Exception:
         if DeltaLog(spark, path).latest_version() is None:
             raise
