@@ -15,12 +15,15 @@ winner's frontier. The check lives in the table's own log, so it holds across pr
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from connectors.delta_log import TRICKLE_KEY, DeltaLog
 from dvm import ROW_HASH, ROW_ID, quote
 from dvm.dialect import sql_string
+
+_log = logging.getLogger(__name__)
 
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 #: the Delta idempotent-transaction app id of refresh commits (see the module docstring)
@@ -277,15 +280,18 @@ def table_properties(spark: Any, schema: Any) -> dict[str, str]:
 
 def create(spark: Any, df: Any, path: str) -> bool:
     """Create an empty stream table of ``df``'s schema at ``path`` with :func:`table_properties` (its own
-    commit, without a refresh record); False when it exists already (another writer created it first)."""
+    commit, without a refresh record). False when a table exists there (another writer created it first),
+    or when Spark refuses the CREATE (a column type its DDL does not take): the first overwrite then creates
+    the table with the properties a write option can set (``delta.*``) and Spark's Parquet defaults."""
+    props = table_properties(spark, df.schema)  # a bad setting is refused before anything is written
     if DeltaLog(spark, path).latest_version() is not None:
         return False
-    props = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in table_properties(spark, df.schema).items())
+    listed = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in props.items())
     try:  # a schema, no data file (an empty DataFrame written would leave one behind the first overwrite)
-        spark.sql(f"CREATE TABLE delta.{quote(path)} ({df._jdf.schema().toDDL()}) USING delta TBLPROPERTIES ({props})")
-    except Exception:
-        if DeltaLog(spark, path).latest_version() is None:
-            raise
+        spark.sql(f"CREATE TABLE delta.{quote(path)} ({df._jdf.schema().toDDL()}) USING delta TBLPROPERTIES ({listed})")
+    except Exception as e:  # noqa: BLE001 - see above: created by the overwrite instead
+        _log.warning("stream table at %s: created without its Parquet properties (%s)", path,
+                    (str(e).strip().splitlines() or [type(e).__name__])[0][:200])
         return False
     return True
 
@@ -302,7 +308,9 @@ def overwrite(spark: Any, df: Any, path: str, record: dict[str, Any], read_versi
     docstring); creates the table first (:func:`create`) when the refresh found none."""
     if read_version is None:  # a new table: created first, with its properties, which no write option sets
         create(spark, df, path)
+    delta_props = {k: v for k, v in table_properties(spark, df.schema).items() if k.startswith("delta.")}
     (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+     .options(**delta_props)  # applied by Delta only if this write creates the table (see create)
      .option("userMetadata", _metadata(record)).option("txnAppId", TXN_APP_ID)
      .option("txnVersion", str(txn_version(read_version))).save(path))
     after = committed_version(spark, path, record, read_version)
