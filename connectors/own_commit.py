@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 import pyarrow as pa
@@ -94,9 +96,42 @@ def write_parquet(root: str, folder: str, prefix: str, table: pa.Table) -> tuple
     return rel, os.path.getsize(full)
 
 
+#: rows of the data files written here, by absolute path, newest last (see :func:`written_rows`)
+_WRITTEN: OrderedDict[str, pa.Table] = OrderedDict()
+_WRITTEN_LOCK = threading.Lock()
+#: how many rows :data:`_WRITTEN` keeps in all (a small table's MERGE rewrites its files whole, at most
+#: ``trickle.apply.ownMergeRowsBelow`` rows of them; the oldest files go first)
+WRITTEN_ROWS_KEPT = 1_000_000
+
+
+def written_rows(full_path: str) -> pa.Table | None:
+    """The rows of a data file this process wrote with :func:`add_action`, without reading it; None when it
+    was not written here or is no longer kept. Why: a small table's MERGE (:mod:`connectors.small_merge`)
+    reads back every file its change touches, which its previous commit usually wrote: 1.3 ms of a 55 ms
+    refresh (docs/BENCHMARKS.md, session 41). A Delta data file never changes after it is written and its
+    name is unique, so the rows kept are the file's for as long as it exists."""
+    key = os.path.normpath(full_path)
+    with _WRITTEN_LOCK:
+        rows = _WRITTEN.get(key)
+        if rows is not None:
+            _WRITTEN.move_to_end(key)
+        return rows
+
+
+def _remember_written(full_path: str, table: pa.Table) -> None:
+    if table.num_rows > WRITTEN_ROWS_KEPT:
+        return
+    with _WRITTEN_LOCK:
+        _WRITTEN[os.path.normpath(full_path)] = table
+        total = sum(t.num_rows for t in _WRITTEN.values())
+        while total > WRITTEN_ROWS_KEPT:
+            total -= _WRITTEN.popitem(last=False)[1].num_rows
+
+
 def add_action(root: str, table: pa.Table, now: int) -> tuple[dict[str, Any], str, int]:
     """A new data file holding ``table``, and its ``add`` action (with its path and size)."""
     rel, size = write_parquet(root, "", "part-00000", table)
+    _remember_written(os.path.join(root, rel), table)
     return ({"add": {"path": rel, "partitionValues": {}, "size": size, "modificationTime": now,
                      "dataChange": True, "stats": file_stats(table)}}, rel, size)
 

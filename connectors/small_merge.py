@@ -103,8 +103,10 @@ def _live_rows(root: str, add: dict[str, Any], schema: pa.Schema) -> pa.Table | 
     """A data file's rows not deleted by its vector, in the table's schema (None: none left)."""
     if add.get("partitionValues"):
         raise Unusable("the table is partitioned")
+    full = os.path.join(root, unquote(add["path"]))
     try:
-        rows = pq.read_table(os.path.join(root, unquote(add["path"])), columns=schema.names).cast(schema)
+        kept = own_commit.written_rows(full)
+        rows = (kept.select(schema.names) if kept is not None else pq.read_table(full, columns=schema.names)).cast(schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError) as e:
         raise Unusable(f"a data file does not read as the table's schema here: {e}") from e
     if add.get("deletionVector"):

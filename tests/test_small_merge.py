@@ -103,3 +103,32 @@ def test_own_merge_survives_a_crash_after_its_commit_and_a_lost_race(spark: Any,
         st.refresher.before_commit = hook
     assert raced and raced[0].startswith("MERGE (own)") and r.action == "NO_DATA", (raced, r)
     assert rows(st.read(name)) == rows(spark.sql(query))
+
+
+def test_the_rows_kept_of_a_written_file_are_the_files_rows(tmp_path: Any, monkeypatch: Any) -> None:
+    """A small table's MERGE reads the files it touches from what this process wrote instead of the disk
+    (own_commit.written_rows): those must be exactly what a read of the file returns, types included, and
+    the oldest files are forgotten beyond the rows kept."""
+    import datetime
+    import decimal
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from connectors import own_commit
+
+    table = pa.table({"__row_id": pa.array([3, -1, 7], pa.int64()), "k": ["a", None, "é"],
+                      "d": pa.array([decimal.Decimal("1.50"), None, decimal.Decimal("-2.25")], pa.decimal128(10, 2)),
+                      "day": pa.array([datetime.date(2026, 1, 2), None, datetime.date(1999, 12, 31)]),
+                      "x": pa.array([0.1, float("nan"), None], pa.float64())})
+    root = str(tmp_path)
+    monkeypatch.setattr(own_commit, "WRITTEN_ROWS_KEPT", 7)
+    paths = [os.path.join(root, own_commit.add_action(root, table, own_commit.now_ms())[1]) for _ in range(3)]
+    assert own_commit.written_rows(paths[0]) is None  # 9 rows > 7: the oldest went
+    for p in paths[1:]:
+        kept = own_commit.written_rows(os.path.join(os.path.dirname(p), ".", os.path.basename(p)))
+        read = pq.read_table(p)
+        assert kept is not None and kept.schema.equals(read.schema), (kept.schema, read.schema)
+        assert repr(kept.to_pylist()) == repr(read.to_pylist()), (kept, read)  # NaN != NaN for equals()
+    assert own_commit.written_rows(os.path.join(root, "part-00000-elsewhere.c000.snappy.parquet")) is None
