@@ -296,6 +296,12 @@ def create(spark: Any, df: Any, path: str) -> bool:
     return True
 
 
+def write_options(spark: Any, schema: Any) -> dict[str, str]:
+    """The :func:`table_properties` a write option can set (``delta.*``), which Delta applies only when that
+    write creates the table: a table :func:`create` could not make is still created with them."""
+    return {k: v for k, v in table_properties(spark, schema).items() if k.startswith("delta.")}
+
+
 def _leaves(schema: Any) -> int:
     """Leaf columns of a Spark struct type, as Delta counts them for its statistics."""
     from pyspark.sql.types import StructType
@@ -308,9 +314,8 @@ def overwrite(spark: Any, df: Any, path: str, record: dict[str, Any], read_versi
     docstring); creates the table first (:func:`create`) when the refresh found none."""
     if read_version is None:  # a new table: created first, with its properties, which no write option sets
         create(spark, df, path)
-    delta_props = {k: v for k, v in table_properties(spark, df.schema).items() if k.startswith("delta.")}
     (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-     .options(**delta_props)  # applied by Delta only if this write creates the table (see create)
+     .options(**write_options(spark, df.schema))
      .option("userMetadata", _metadata(record)).option("txnAppId", TXN_APP_ID)
      .option("txnVersion", str(txn_version(read_version))).save(path))
     after = committed_version(spark, path, record, read_version)

@@ -312,8 +312,9 @@ class StreamTables:
         sql = self.refresher.full_sql(d, latest, ctx)
         with fixpoints.evaluated(self.spark, ctx):
             df = fixpoints.reader(self.spark, ctx).sql(sql)
-            if not delta_sink.create(self.spark, df, d.path):  # a table left at the path: emptied, as before
-                df.limit(0).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(d.path)
+            if not delta_sink.create(self.spark, df, d.path):  # a table left at the path, or a refused CREATE
+                df.limit(0).write.format("delta").mode("overwrite").options(
+                    **delta_sink.write_options(self.spark, df.schema)).save(d.path)
 
     def alter_stream_table(self, name: str, schedule: str | None = None, refresh_mode: str | None = None,
                            status: str | None = None, query: str | None = None, dialect: str | None = None) -> None:
