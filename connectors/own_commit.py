@@ -99,9 +99,10 @@ def write_parquet(root: str, folder: str, prefix: str, table: pa.Table) -> tuple
 #: rows of the data files written here, by absolute path, newest last (see :func:`written_rows`)
 _WRITTEN: OrderedDict[str, pa.Table] = OrderedDict()
 _WRITTEN_LOCK = threading.Lock()
-#: how many rows :data:`_WRITTEN` keeps in all (a small table's MERGE rewrites its files whole, at most
-#: ``trickle.apply.ownMergeRowsBelow`` rows of them; the oldest files go first)
-WRITTEN_ROWS_KEPT = 1_000_000
+#: how many bytes of Arrow rows :data:`_WRITTEN` keeps in all, the oldest files going first: a bound on memory
+#: whatever the row width (a small table's MERGE rewrites files of at most ``trickle.apply.ownMergeRowsBelow``
+#: rows; the vectors' inserted rows are kept too, and are dropped first when they are large)
+WRITTEN_BYTES_KEPT = 64 << 20
 
 
 def written_rows(full_path: str) -> pa.Table | None:
@@ -119,13 +120,13 @@ def written_rows(full_path: str) -> pa.Table | None:
 
 
 def _remember_written(full_path: str, table: pa.Table) -> None:
-    if table.num_rows > WRITTEN_ROWS_KEPT:
+    if table.nbytes > WRITTEN_BYTES_KEPT:
         return
     with _WRITTEN_LOCK:
         _WRITTEN[os.path.normpath(full_path)] = table
-        total = sum(t.num_rows for t in _WRITTEN.values())
-        while total > WRITTEN_ROWS_KEPT:
-            total -= _WRITTEN.popitem(last=False)[1].num_rows
+        total = sum(t.nbytes for t in _WRITTEN.values())
+        while total > WRITTEN_BYTES_KEPT:
+            total -= _WRITTEN.popitem(last=False)[1].nbytes
 
 
 def add_action(root: str, table: pa.Table, now: int) -> tuple[dict[str, Any], str, int]:

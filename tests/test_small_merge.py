@@ -108,7 +108,7 @@ def test_own_merge_survives_a_crash_after_its_commit_and_a_lost_race(spark: Any,
 def test_the_rows_kept_of_a_written_file_are_the_files_rows(tmp_path: Any, monkeypatch: Any) -> None:
     """A small table's MERGE reads the files it touches from what this process wrote instead of the disk
     (own_commit.written_rows): those must be exactly what a read of the file returns, types included, and
-    the oldest files are forgotten beyond the rows kept."""
+    the oldest files are forgotten beyond the bytes kept."""
     import datetime
     import decimal
     import os
@@ -123,9 +123,9 @@ def test_the_rows_kept_of_a_written_file_are_the_files_rows(tmp_path: Any, monke
                       "day": pa.array([datetime.date(2026, 1, 2), None, datetime.date(1999, 12, 31)]),
                       "x": pa.array([0.1, float("nan"), None], pa.float64())})
     root = str(tmp_path)
-    monkeypatch.setattr(own_commit, "WRITTEN_ROWS_KEPT", 7)
+    monkeypatch.setattr(own_commit, "WRITTEN_BYTES_KEPT", 2 * table.nbytes + table.nbytes // 2)
     paths = [os.path.join(root, own_commit.add_action(root, table, own_commit.now_ms())[1]) for _ in range(3)]
-    assert own_commit.written_rows(paths[0]) is None  # 9 rows > 7: the oldest went
+    assert own_commit.written_rows(paths[0]) is None  # three tables' bytes > the bound: the oldest went
     for p in paths[1:]:
         kept = own_commit.written_rows(os.path.join(os.path.dirname(p), ".", os.path.basename(p)))
         read = pq.read_table(p)
