@@ -290,6 +290,8 @@ def create(spark: Any, df: Any, path: str) -> bool:
     try:  # a schema, no data file (an empty DataFrame written would leave one behind the first overwrite)
         spark.sql(f"CREATE TABLE delta.{quote(path)} ({df._jdf.schema().toDDL()}) USING delta TBLPROPERTIES ({listed})")
     except Exception as e:  # noqa: BLE001 - see above: created by the overwrite instead
+        if DeltaLog(spark, path).latest_version() is not None:
+            return False  # another writer created it meanwhile
         _log.warning("stream table at %s: created without its Parquet properties (%s)", path,
                     (str(e).strip().splitlines() or [type(e).__name__])[0][:200])
         return False
