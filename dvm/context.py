@@ -29,12 +29,17 @@ KEY_FILTER_TOKEN = "__trickle_keys_"
 #: How a floating value is identified in ``__row_hash`` (the identity a plain-rows table's stored copies are
 #: found by; fixed per stream table, see ``StreamTableDef.float_identity``):
 #:
+#: * ``bits37+nested``: floats as ``bits37``, and arrays, maps and structs identified element by element
+#:   (:func:`dvm.plan._nested_identity`): each element's and field's NULL flagged, floats inside rounded
+#:   the same way, a map's entries sorted. The default since Spark's own hash skips NULL elements (so
+#:   ``[1, NULL]`` and ``[NULL, 1]`` shared a ``__row_hash``, and deleting one could delete the other's
+#:   copy) and refuses maps (a plain-rows table with a MAP column could not be refreshed at all).
 #: * ``bits37``: rounded to 37 significant bits (about 11 decimal digits) by Veltkamp's split, three
 #:   floating-point operations. The default since the older form (``format_string``, Java's formatter)
 #:   was found to be most of a FULL refresh of a scan with a DOUBLE column (docs/BENCHMARKS.md, "Figures
-#:   behind the code").
+#:   behind the code"). Nested values as Spark's hash reads them; tables created before ``bits37+nested``.
 #: * ``digits12``: 12 significant decimal digits (``format_string('%.12g')``), tables created before.
-FLOAT_IDENTITIES = ("bits37", "digits12")
+FLOAT_IDENTITIES = ("bits37+nested", "bits37", "digits12")
 FLOAT_IDENTITY = FLOAT_IDENTITIES[0]
 
 

@@ -60,21 +60,76 @@ DW = "__dw"
 FLOATING = ("double", "float")
 
 def _canonical(col: str, ty: str, identity: str = FLOAT_IDENTITY) -> str:
-    """The identity of a value for ``__row_hash``. Floating values are rounded (see
-    :data:`dvm.context.FLOAT_IDENTITIES`): a SUM over doubles recomputed in another order can differ in its
-    last bits, and the row it must delete has to be found all the same. Veltkamp: with ``c = x * (2^16 + 1)``,
+    """The identity of a value for ``__row_hash`` and for netting a delta per tuple: the value itself, but
+    floating values rounded (:func:`_float_identity`) and, in tables of ``bits37+nested``, arrays, maps and
+    structs rewritten by :func:`_nested_identity`."""
+    if identity not in FLOAT_IDENTITIES:
+        raise ValueError(f"unknown float identity {identity!r} (a stream table's catalog file says how it hashes "
+                         f"floats: one of {', '.join(FLOAT_IDENTITIES)})")
+    if ty.lower() in FLOATING:
+        return _float_identity(col, identity)
+    if identity.endswith("+nested") and ty.lower().startswith(NESTED):
+        return _nested_identity(col, exp.DataType.build(ty, dialect=SPARK), identity, 0)
+    return col
+
+
+def _float_identity(col: str, identity: str) -> str:
+    """A floating value rounded. A SUM over doubles recomputed in another order can differ in its last bits,
+    and the row it must delete has to be found all the same. Veltkamp: with ``c = x * (2^16 + 1)``,
     ``c - (c - x)`` is ``x`` rounded to 53 - 16 bits; the guard keeps ``c`` finite, ``+ 0.0`` makes -0.0 0.0.
     Either form can still split two sums that straddle a rounding boundary (measured on random 20-term sums
     in two orders: 17 in 200,000 for ``bits37``, 54 for ``digits12``)."""
-    if ty.lower() not in FLOATING:
-        return col
     if identity == "digits12":
         return f"format_string('%.12g', {col} + 0.0)"
-    if identity != "bits37":
-        raise ValueError(f"unknown float identity {identity!r} (a stream table's catalog file says how it hashes "
-                         f"floats: one of {', '.join(FLOAT_IDENTITIES)})")
     x = f"CAST({col} AS DOUBLE)"
     return f"(CASE WHEN abs({x}) < 1e300D THEN {x} * 65537D - ({x} * 65537D - {x}) ELSE {x} END + 0.0D)"
+
+
+NESTED = ("array", "map", "struct")
+
+
+def _nested_identity(col: str, ty: exp.DataType, identity: str, depth: int) -> str:
+    """An array, map or struct as a value Spark can hash, group and sort, equal for two values exactly when
+    they are equal element by element. Spark's ``xxhash64`` skips NULLs inside nested values (``[1, NULL]``
+    and ``[NULL, 1]`` hash alike) and refuses maps; GROUP BY refuses maps too. So every element of an array,
+    value of a map and field of a struct becomes ``named_struct('n', <is NULL>, 'v', <its identity>)``, and a
+    map becomes the array of its entries sorted (its keys are unique and never NULL). Floats inside are
+    rounded as at the top. The top-level NULL is left to :func:`row_hash`'s marker."""
+    if ty.is_type(exp.DataType.Type.ARRAY):
+        x = f"__e{depth}"
+        return _sized(col, f"transform({col}, {x} -> {_flagged(x, ty.expressions[0], identity, depth + 1)})")
+    if ty.is_type(exp.DataType.Type.MAP):
+        e = f"__e{depth}"
+        key, value = ty.expressions
+        entry = (f"named_struct('k', {_leaf(f'{e}.key', key, identity, depth + 1)}, "
+                 f"'v', {_flagged(f'{e}.value', value, identity, depth + 1)})")
+        return _sized(col, f"array_sort(transform(map_entries({col}), {e} -> {entry}))")
+    if ty.is_type(exp.DataType.Type.STRUCT):
+        fields = ", ".join(f"{sql_string(f'f{i}')}, {_flagged(f'{col}.{quote(f.name)}', f.args['kind'], identity, depth)}"
+                           for i, f in enumerate(ty.expressions))
+        return f"IF(({col}) IS NULL, NULL, named_struct({fields}))"
+    return _float_identity(col, identity) if ty.this in _FLOAT_TYPES else col
+
+
+_FLOAT_TYPES = (exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT)
+
+
+def _leaf(col: str, ty: exp.DataType, identity: str, depth: int) -> str:
+    return _nested_identity(col, ty, identity, depth) if ty.is_type(*_COMPLEX) or ty.this in _FLOAT_TYPES else col
+
+
+_COMPLEX = (exp.DataType.Type.ARRAY, exp.DataType.Type.MAP, exp.DataType.Type.STRUCT)
+
+
+def _sized(col: str, elements: str) -> str:
+    """A collection's identity led by its size: an empty one hashes to the seed, as NULL does, and a one-column
+    table's ``__row_hash`` has no NULL marker to tell them apart."""
+    return f"IF(({col}) IS NULL, NULL, named_struct('size', size({col}), 'e', {elements}))"
+
+
+def _flagged(col: str, ty: exp.DataType, identity: str, depth: int) -> str:
+    """``col`` (inside a nested value) with its NULL flagged, so a NULL element counts in the hash."""
+    return f"named_struct('n', ({col}) IS NULL, 'v', {_leaf(col, ty, identity, depth)})"
 
 
 def row_hash(keys: list[str]) -> str:
@@ -115,16 +170,15 @@ def bag_delta_sql(inner: str, names: list[str], types: list[str], weight: str,
                   identity: str = FLOAT_IDENTITY) -> str:
     """Net a Z-set (``inner``: the user columns and ``weight``) per distinct tuple: the tuple, its
     ``__row_hash`` and its net weight ``__dw`` (tuples netting to 0 dropped). Floating columns are grouped
-    by their canonical form (:func:`_canonical`) so copies recomputed in another summation order net out."""
+    by their canonical form (:func:`_canonical`) so copies recomputed in another summation order net out, and
+    nested values by theirs (a map cannot be grouped at all)."""
     keys, picks = [], []
     for n, ty in zip(names, types, strict=True):
         q = quote(n)
-        if ty.lower() in FLOATING:
-            keys.append(_canonical(q, ty, identity))
-            picks.append(f"MAX({q}) AS {q}")
-        else:
-            keys.append(q)
-            picks.append(q)
+        key = _canonical(q, ty, identity)
+        keys.append(key)
+        # the group's one value: equal by their identity, copies differ at most in a float's last bits
+        picks.append(q if key == q else f"{'MAX' if ty.lower() in FLOATING else 'any_value'}({q}) AS {q}")
     return (f"SELECT {', '.join(picks)}, {row_hash(keys)} AS {ROW_HASH}, SUM({weight}) AS {DW} FROM ({inner}) "
             f"GROUP BY {', '.join(keys)} HAVING SUM({weight}) <> 0")
 
