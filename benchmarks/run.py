@@ -14,9 +14,12 @@ recompute (CTAS: CREATE OR REPLACE TABLE ... AS SELECT on Delta). The first cycl
 is not measured; medians of the others are reported. The second of two refreshes of the same query over
 the same change window was measured 30-50% cheaper than the first at 10K-100K rows (it finds the first
 one's generated code compiled, in Spark's code generation cache), so a fixed order would flatter whichever
-goes second: AUTO refreshes between DIFFERENTIAL and FULL, which swap places every cycle (odd measured
-cycles DIFFERENTIAL, AUTO, FULL; even ones FULL, AUTO, DIFFERENTIAL), so over an even number of cycles
-AUTO goes before and after the mode it chose equally often; CTAS goes last and first with them. The first
+goes second. Place itself matters too (session 42, 1M rows, join at 1%: the DIFFERENTIAL table's refresh
+took a median 0.213 s when it came first after the source's change and 0.157 s when it came after FULL,
+with the same apply, while AUTO, always second, took 0.171 s). So the four refreshes of a shape follow
+:data:`ORDERS`, a Latin square: over every 4 measured cycles each takes each place once, and AUTO goes
+before and after each other mode equally often (over 2 cycles, the first two orders: DIFFERENTIAL, AUTO,
+FULL, CTAS and its reverse, the order of the runs before session 42). The first
 Spark reader of the fact table after its MERGE rebuilds the snapshot's file list (0.4-0.6 s), which every
 later reader shares: the cycle reads the table once, untimed, right after its MERGE, so that no measured
 refresh pays it by its place (before, a CTAS always last never paid it, and over an odd number of cycles
@@ -61,6 +64,10 @@ SHAPES = {
                  "JOIN bench_dim d ON f.dim_id = d.id GROUP BY d.name"),
 }
 DIMS = 1000
+#: the order of a shape's four refreshes in measured cycle i (i - 1 modulo 4; the warm-up cycle takes the
+#: last): a Latin square, each in each place once, every pair in both orders twice (see the docstring)
+ORDERS = [["diff", "auto", "full", "ctas"], ["ctas", "full", "auto", "diff"], ["auto", "diff", "ctas", "full"],
+          ["full", "ctas", "diff", "auto"]]
 #: the stream tables of a shape: result-key prefix -> refresh_mode
 MODES = {"diff": "DIFFERENTIAL", "auto": "AUTO", "full": "FULL"}
 ALL_RATES = [0.001, 0.01, 0.1, 0.5]
@@ -308,12 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                         # here, untimed, so that no measured refresh or CTAS pays it by its place in the order
                         spark.sql("SELECT count(*) FROM bench_fact").collect()
                         for shape in shapes:
-                            # AUTO between the two others, which swap places: whichever mode AUTO runs, it
-                            # goes before that mode's own table in one cycle and after it in the next (the
-                            # second refresh of the same query over the same window reuses the first one's
-                            # compiled code, see the docstring)
-                            # CTAS swaps with them too (compiled code, see above)
-                            order = ["diff", "auto", "full", "ctas"] if i % 2 else ["ctas", "full", "auto", "diff"]
+                            # places rotate (compiled code and place, see the docstring)
+                            order = ORDERS[(i - 1) % len(ORDERS)]
                             ctas = f"CREATE OR REPLACE TABLE bench_ctas_{shape} USING delta AS {SHAPES[shape]}"
                             got = {k: (timed(spark, partial(spark.sql, ctas)) if k == "ctas"
                                        else refresh(st, names[(shape, k)])) for k in order}
