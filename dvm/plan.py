@@ -69,7 +69,7 @@ def _canonical(col: str, ty: str, identity: str = FLOAT_IDENTITY) -> str:
     if ty.lower() in FLOATING:
         return _float_identity(col, identity)
     if identity.endswith("+nested") and ty.lower().startswith(NESTED):
-        return _nested_identity(col, exp.DataType.build(ty, dialect=SPARK), identity, 0)
+        return _nested_identity(col, nested_type(ty), identity, 0)
     return col
 
 
@@ -87,38 +87,66 @@ def _float_identity(col: str, identity: str) -> str:
 
 NESTED = ("array", "map", "struct")
 
+#: a type as :func:`nested_type` reads it: a scalar type's name, or ("array", element), ("map", key, value),
+#: ("struct", [(field name, type), ...])
+NestedType = str | tuple
 
-def _nested_identity(col: str, ty: exp.DataType, identity: str, depth: int) -> str:
+
+def nested_type(ty: str) -> NestedType:
+    """Spark's ``simpleString`` of a type (how the catalog stores a stream table's column types) read into
+    :data:`NestedType`. Not sqlglot's type parser: it reads ``struct<a b:int>`` as a struct of no field and
+    ``struct<end:int,select:int>`` as one of ``end`` alone, and an identity missing a field would make
+    distinct rows one. Field names are taken up to their first ``:``; a type that Spark shortened (``... 3
+    more fields``, past ``spark.sql.debug.maxToStringFields``) is refused."""
+    t = ty.strip()
+    low = t.lower()
+    if "more field" in low:
+        raise ValueError(f"the column type {ty!r} was shortened by Spark: raise spark.sql.debug.maxToStringFields "
+                         "above the widest struct's field count and re-create the stream table")
+    for kind in NESTED:
+        if low.startswith(f"{kind}<") and t.endswith(">"):
+            parts = _top_level_split(t[len(kind) + 1:-1])
+            if kind == "array" and len(parts) == 1:
+                return ("array", nested_type(parts[0]))
+            if kind == "map" and len(parts) == 2:
+                return ("map", nested_type(parts[0]), nested_type(parts[1]))
+            if kind == "struct" and all(":" in p for p in parts):
+                return ("struct", [(p.split(":", 1)[0], nested_type(p.split(":", 1)[1])) for p in parts])
+            raise ValueError(f"cannot read the column type {ty!r}")
+    return low
+
+
+def _top_level_split(inner: str) -> list[str]:
+    """``inner`` split at the commas outside ``<...>`` and ``(...)`` (a decimal's precision and scale)."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(inner):
+        depth += (c in "<(") - (c in ">)")
+        if c == "," and depth == 0:
+            parts.append(inner[start:i])
+            start = i + 1
+    return [*parts, inner[start:]] if inner else parts
+
+
+def _nested_identity(col: str, ty: NestedType, identity: str, depth: int) -> str:
     """An array, map or struct as a value Spark can hash, group and sort, equal for two values exactly when
     they are equal element by element. Spark's ``xxhash64`` skips NULLs inside nested values (``[1, NULL]``
     and ``[NULL, 1]`` hash alike) and refuses maps; GROUP BY refuses maps too. So every element of an array,
     value of a map and field of a struct becomes ``named_struct('n', <is NULL>, 'v', <its identity>)``, and a
     map becomes the array of its entries sorted (its keys are unique and never NULL). Floats inside are
     rounded as at the top. The top-level NULL is left to :func:`row_hash`'s marker."""
-    if ty.is_type(exp.DataType.Type.ARRAY):
+    if isinstance(ty, str):
+        return _float_identity(col, identity) if ty in FLOATING else col
+    if ty[0] == "array":
         x = f"__e{depth}"
-        return _sized(col, f"transform({col}, {x} -> {_flagged(x, ty.expressions[0], identity, depth + 1)})")
-    if ty.is_type(exp.DataType.Type.MAP):
+        return _sized(col, f"transform({col}, {x} -> {_flagged(x, ty[1], identity, depth + 1)})")
+    if ty[0] == "map":
         e = f"__e{depth}"
-        key, value = ty.expressions
-        entry = (f"named_struct('k', {_leaf(f'{e}.key', key, identity, depth + 1)}, "
-                 f"'v', {_flagged(f'{e}.value', value, identity, depth + 1)})")
+        entry = (f"named_struct('k', {_nested_identity(f'{e}.key', ty[1], identity, depth + 1)}, "
+                 f"'v', {_flagged(f'{e}.value', ty[2], identity, depth + 1)})")
         return _sized(col, f"array_sort(transform(map_entries({col}), {e} -> {entry}))")
-    if ty.is_type(exp.DataType.Type.STRUCT):
-        fields = ", ".join(f"{sql_string(f'f{i}')}, {_flagged(f'{col}.{quote(f.name)}', f.args['kind'], identity, depth)}"
-                           for i, f in enumerate(ty.expressions))
-        return f"IF(({col}) IS NULL, NULL, named_struct({fields}))"
-    return _float_identity(col, identity) if ty.this in _FLOAT_TYPES else col
-
-
-_FLOAT_TYPES = (exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT)
-
-
-def _leaf(col: str, ty: exp.DataType, identity: str, depth: int) -> str:
-    return _nested_identity(col, ty, identity, depth) if ty.is_type(*_COMPLEX) or ty.this in _FLOAT_TYPES else col
-
-
-_COMPLEX = (exp.DataType.Type.ARRAY, exp.DataType.Type.MAP, exp.DataType.Type.STRUCT)
+    fields = ", ".join(f"{sql_string(f'f{i}')}, {_flagged(f'{col}.{quote(name)}', t, identity, depth)}"
+                       for i, (name, t) in enumerate(ty[1]))
+    return f"IF(({col}) IS NULL, NULL, named_struct({fields}))"
 
 
 def _sized(col: str, elements: str) -> str:
@@ -127,9 +155,9 @@ def _sized(col: str, elements: str) -> str:
     return f"IF(({col}) IS NULL, NULL, named_struct('size', size({col}), 'e', {elements}))"
 
 
-def _flagged(col: str, ty: exp.DataType, identity: str, depth: int) -> str:
+def _flagged(col: str, ty: NestedType, identity: str, depth: int) -> str:
     """``col`` (inside a nested value) with its NULL flagged, so a NULL element counts in the hash."""
-    return f"named_struct('n', ({col}) IS NULL, 'v', {_leaf(col, ty, identity, depth)})"
+    return f"named_struct('n', ({col}) IS NULL, 'v', {_nested_identity(col, ty, identity, depth)})"
 
 
 def row_hash(keys: list[str]) -> str:

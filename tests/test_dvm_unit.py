@@ -709,3 +709,24 @@ def test_bytes_read_counts_each_delta_file_read_once() -> None:
     ctx = Context(refs, materialize_changes=True, target_path="/w/st")
     assert ctx.bytes_read(ctx.unshare_single_reads(plan.merge_source_sql(ctx, ["int", "int"]) or "")) is None
     assert Context(refs).bytes_read("SELECT * FROM delta.`/w/a` VERSION AS OF 5") == 1000
+
+
+def test_nested_types_are_read_field_by_field() -> None:
+    """The catalog stores column types as Spark's ``simpleString``; a plain-rows table's identity of a nested
+    column is built from it, so every field must be read (sqlglot's parser dropped ``select`` after ``end``
+    and every field of ``struct<a b:int>``), decimals' commas kept, and a type Spark shortened refused."""
+    from dvm.plan import _canonical, nested_type
+
+    assert nested_type("struct<end:int,select:int>") == ("struct", [("end", "int"), ("select", "int")])
+    assert nested_type("struct<a b:int>") == ("struct", [("a b", "int")])
+    assert nested_type("MAP<STRING,ARRAY<DECIMAL(10,2)>>") == ("map", "string", ("array", "decimal(10,2)"))
+    assert nested_type("array<struct<key:string,value:double>>") == (
+        "array", ("struct", [("key", "string"), ("value", "double")]))
+    assert nested_type("bigint") == "bigint"
+    with pytest.raises(ValueError, match="maxToStringFields"):
+        nested_type("struct<a:int,b:int,... 30 more fields>")
+    with pytest.raises(ValueError, match="cannot read"):
+        nested_type("map<int>")
+    sql = _canonical("`s`", "struct<a b:int,x:double>", "bits37+nested")
+    assert "`s`.`a b`" in sql and "65537D" in sql
+    assert _canonical("`s`", "struct<a b:int>", "bits37") == "`s`"  # older tables hash as Spark does

@@ -322,7 +322,10 @@ def test_nested_identities_tell_nulls_apart_and_sort_maps(spark: Any) -> None:
              ("named_struct('p', 1, 'q', NULL)", "named_struct('p', NULL, 'q', '1')", "struct<p:int,q:string>"),
              ("map()", "NULL", "map<string,int>"), ("map('a', NULL)", "map()", "map<string,int>"),
              ("map('a', 1)", "map('a', 2)", "map<string,int>"), ("array(map('a', 1))", "array(map('b', 1))",
-                                                                  "array<map<string,int>>")]
+                                                                  "array<map<string,int>>"),
+             # keywords as field names: sqlglot's type parser read this type as a struct of `end` alone
+             ("named_struct('end', 1, 'select', 1)", "named_struct('end', 1, 'select', 2)",
+              "struct<end:int,select:int>")]
     same = [("map('a', 1, 'b', 2)", "map('b', 2, 'a', 1)", "map<string,int>"),
             ("array(0.1D + 0.2D, NULL)", "array(0.3D, NULL)", "array<double>"),
             ("map('k', array(map(2, 'x', 1, 'y')))", "map('k', array(map(1, 'y', 2, 'x')))",
