@@ -213,8 +213,12 @@ RETRY_BELOW_FULLS = 3.0
 #: it cost AUTO 1.3-2.1x the faster mode in the benchmark's cells where DIFFERENTIAL was 8-20x faster
 COLD_FULL_SHARE = 0.25
 #: a table AUTO keeps recomputing has its DIFFERENTIAL refresh measured again once in this many refreshes
-#: (what a delta costs changes with the table and the machine), unless the delta is plainly dearer
+#: (what a delta costs changes with the table and the machine), where it may win (:data:`REMEASURE_WITHIN`)
 REMEASURE_EVERY = 20
+#: ... only for a window whose delta is expected to cost at most this many FULL refreshes: beyond it even a
+#: model wrong by half would not make the delta win, and the measurement is pure loss (session 42, 10M rows,
+#: 45% changed: a remeasured scan delta took 45.9 s against FULL's 4.7 s, expected 27 s against 4.6 s)
+REMEASURE_WITHIN = 2.0
 #: Spark conf: seconds after which AUTO cancels a DIFFERENTIAL refresh and recomputes the table in the same
 #: refresh; default :data:`RETRY_BELOW_FULLS` x this table's FULL refresh, at least :data:`BUDGET_MIN_S`
 AUTO_BUDGET = "trickle.refresh.autoBudgetSeconds"
@@ -341,8 +345,9 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
                         f"FULL refresh so far ({full_s:.2f} s, the initial population, a cold start): one is "
                         "measured to learn what FULL costs")
     threshold, how = model.threshold()
-    dearer = model.floor_s is not None and full_s is not None and model.floor_s >= RETRY_BELOW_FULLS * full_s
-    if (ratio > threshold and ratio <= EXPLORE_BELOW and not dearer
+    expected = model.estimate(ratio)
+    may_win = expected is not None and full_s is not None and expected <= REMEASURE_WITHIN * full_s
+    if (ratio > threshold and ratio <= EXPLORE_BELOW and may_win
             and (model.full_n + model.diff_n) % REMEASURE_EVERY == 0):
         return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.2%} of the sources changed, above "
                                 f"this table's threshold {threshold:.1%} ({how}), but a DIFFERENTIAL refresh is "

@@ -180,3 +180,20 @@ def test_change_ratio() -> None:
     assert strategy.change_ratio(10, [50, None]) is None
     assert strategy.change_ratio(10, []) is None
 
+
+
+def test_auto_remeasures_a_delta_only_where_it_may_win() -> None:
+    """The matrix's scan at 10M rows: FULL ~4.6 s, a delta's floor 0.9 s and 59 s per unit of change ratio.
+    Once in REMEASURE_EVERY refreshes a DIFFERENTIAL refresh is measured again just above the threshold
+    (expected at most REMEASURE_WITHIN FULL refreshes), never at 45% (expected 27 s, measured 45.9 s)."""
+    model = (CostModel().learn("FULL", None, 9.0).learn("DIFFERENTIAL", 0.002, 1.2).learn("DIFFERENTIAL", 0.002, 0.9)
+             .learn("DIFFERENTIAL", 0.166, 0.9 + 59.4 * 0.164).learn("FULL", None, 4.6))
+    threshold = model.threshold()[0]
+    assert 0.06 < threshold < 0.08
+    while (model.full_n + model.diff_n) % strategy.REMEASURE_EVERY:
+        assert strategy.auto(0.446, model)[0] == "FULL"
+        model = model.learn("FULL", None, 4.6)
+    action, reason = strategy.auto(0.446, model)
+    assert action == "FULL" and "above this table's threshold" in reason
+    action, reason = strategy.auto(threshold + 0.05, model)  # expected ~7.6 s: within 2 FULL refreshes
+    assert action == "DIFFERENTIAL" and "measured again" in reason
