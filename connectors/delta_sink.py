@@ -288,7 +288,8 @@ def create(spark: Any, df: Any, path: str) -> bool:
         return False
     listed = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in props.items())
     try:  # a schema, no data file (an empty DataFrame written would leave one behind the first overwrite)
-        spark.sql(f"CREATE TABLE delta.{quote(path)} ({df._jdf.schema().toDDL()}) USING delta TBLPROPERTIES ({listed})")
+        spark.sql(f"CREATE TABLE delta.{quote(path)} ({nullable(df.schema).toDDL()}) USING delta "
+                  f"TBLPROPERTIES ({listed})")
     except Exception as e:  # noqa: BLE001 - see above: created by the overwrite instead
         if DeltaLog(spark, path).latest_version() is not None:
             return False  # another writer created it meanwhile
@@ -296,6 +297,23 @@ def create(spark: Any, df: Any, path: str) -> bool:
                     (str(e).strip().splitlines() or [type(e).__name__])[0][:200])
         return False
     return True
+
+
+def nullable(schema: Any) -> Any:
+    """``schema`` with every field, element and map value nullable, as Delta stores a DataFrame written into it.
+    Why: a query's schema marks ``COUNT(*)`` and the like NOT NULL, and a table created with them keeps them
+    until a Spark write replaces the schema. A run killed between the CREATE and the first overwrite left such
+    a table, whose later commits by delta-rs and spark-trickle's own writer kept the constraint, and a removed
+    group's change row (NULL in every stored column) then failed every refresh."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(schema, StructType):
+        return StructType([StructField(f.name, nullable(f.dataType), True, f.metadata) for f in schema.fields])
+    if isinstance(schema, ArrayType):
+        return ArrayType(nullable(schema.elementType), True)
+    if isinstance(schema, MapType):
+        return MapType(nullable(schema.keyType), nullable(schema.valueType), True)
+    return schema
 
 
 def write_options(spark: Any, schema: Any) -> dict[str, str]:

@@ -44,9 +44,9 @@ def merge(path: str, read_version: int, files: dict[str, dict[str, Any]], schema
     if root is None:
         raise Unusable(f"{path} is not on a local file system")
     names = schema.names
-    try:
-        incoming = changes.select(names).cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError) as e:
+    try:  # a removed row's change row is NULL in every stored column, NOT NULL ones included: checked when written
+        incoming = changes.select(names).cast(_loose(schema))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError, ValueError) as e:
         raise Unusable(f"the change rows do not fit the table's schema here: {e}") from e
     ids = incoming[ROW_ID].to_numpy(zero_copy_only=False)
     if len(np.unique(ids)) != len(ids):
@@ -73,6 +73,10 @@ def merge(path: str, read_version: int, files: dict[str, dict[str, Any]], schema
         pre = post = schema.empty_table()
         kept = pa.concat_tables([kept, before.filter(pa.array(~deleting[change_of]))])
     inserted = incoming.filter(pa.array(~found & ~deleting))
+    try:
+        post, inserted = post.cast(schema), inserted.cast(schema)
+    except (pa.ArrowInvalid, ValueError) as e:  # e.g. a NULL for a NOT NULL column: Spark's MERGE says which
+        raise Unusable(f"the written rows do not fit the table's schema here: {e}") from e
 
     now = own_commit.now_ms()
     actions: list[dict[str, Any]] = []
@@ -107,7 +111,7 @@ def _live_rows(root: str, add: dict[str, Any], schema: pa.Schema) -> pa.Table | 
     try:
         kept = own_commit.written_rows(full)
         rows = (kept.select(schema.names) if kept is not None else pq.read_table(full, columns=schema.names)).cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError) as e:
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError, ValueError) as e:
         raise Unusable(f"a data file does not read as the table's schema here: {e}") from e
     if add.get("deletionVector"):
         gone = read_vector(root, add["deletionVector"]).astype(np.int64)
@@ -115,3 +119,8 @@ def _live_rows(root: str, add: dict[str, Any], schema: pa.Schema) -> pa.Table | 
         keep[gone[gone < rows.num_rows]] = False
         rows = rows.filter(pa.array(keep))
     return rows if rows.num_rows else None
+
+
+def _loose(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every top-level field nullable."""
+    return pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
