@@ -11,7 +11,8 @@ Every shape gets three stream tables over the same sources: refresh_mode DIFFERE
 cycle changes the fact table with ONE Delta MERGE (70% updates incl. join-key updates, 15% deletes, 15%
 inserts), then refreshes the three stream tables of every shape, timing each, and runs the user's own full
 recompute (CTAS: CREATE OR REPLACE TABLE ... AS SELECT on Delta). The first cycle of each rate warms up and
-is not measured; medians of the others are reported. The second of two refreshes of the same query over
+is not measured; medians of the others are reported (``--cycles`` of them, ``--cycles-small`` in the cells
+changing at most :data:`SMALL_RATE` of the rows, whose short refreshes need more samples). The second of two refreshes of the same query over
 the same change window was measured 30-50% cheaper than the first at 10K-100K rows (it finds the first
 one's generated code compiled, in Spark's code generation cache), so a fixed order would flatter whichever
 goes second. Place itself matters too (session 42, 1M rows, join at 1%: the DIFFERENTIAL table's refresh
@@ -74,6 +75,11 @@ ALL_RATES = [0.001, 0.01, 0.1, 0.5]
 #: named matrices, each a list of (sizes, rates, shapes) groups run one after the other in one process.
 #: ``issue16`` is what issue 16 point 7 asks for: all five shapes at 1M and 10M rows x 0.1/1/10/50%, and
 #: join_agg at 100M x 0.1% (a product of sizes x rates x shapes cannot say that, hence groups).
+#: cells changing at most this share of the rows may get more measured cycles (``--cycles-small``). Why: their
+#: refreshes take 0.05-0.5 s, and single refreshes of the same work spread by 35-300 ms (session 42's profiles
+#: of AUTO against DIFFERENTIAL doing the same apply: 1.00-1.06x over 8-12 refreshes, while medians of 4 in the
+#: matrix missed 1.2x by 12-47 ms); more samples cost little there
+SMALL_RATE = 0.01
 PRESETS: dict[str, list[tuple[list[int], list[float], list[str]]]] = {
     "quick": [([10_000, 100_000], [0.01, 0.1], list(SHAPES))],
     "issue16": [([1_000_000, 10_000_000], ALL_RATES, list(SHAPES)), ([100_000_000], [0.001], ["join_agg"])],
@@ -263,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--cycles", type=int, default=2,
                    help="measured cycles per cell, after one warm-up cycle (even: see the order of refreshes)")
+    p.add_argument("--cycles-small", type=int, default=None, metavar="N",
+                   help=f"measured cycles of the cells changing at most {SMALL_RATE:.0%} of the rows (default: "
+                        "--cycles; see SMALL_RATE)")
     p.add_argument("--no-check", action="store_true", help="skip the DIFFERENTIAL == AUTO == FULL check")
     p.add_argument("--gen-only", action="store_true",
                    help="only time data generation and one change per rate, extrapolated to 10M / 100M rows")
@@ -301,11 +310,12 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"[bench] {len(names)} stream tables created and populated in {time.perf_counter() - t:.1f} s")
                 next_id, cycle = rows, 0
                 for rate in rates:
+                    cycles = args.cycles_small if args.cycles_small and rate <= SMALL_RATE else args.cycles
                     per: dict[str, dict[str, list[float]]] = {s: {} for s in shapes}
                     text: dict[str, dict[str, list[str]]] = {s: {} for s in shapes}
                     ok = {s: True for s in shapes}
                     changes: list[float] = []
-                    for i in range(args.cycles + 1):  # the first cycle warms up and is not measured
+                    for i in range(cycles + 1):  # the first cycle warms up and is not measured
                         cycle += 1
                         t = time.perf_counter()
                         next_id = change_cycle(spark, rows, rate, cycle, next_id)
@@ -336,13 +346,13 @@ def main(argv: list[str] | None = None) -> int:
                                          ("apply", a.result.apply or ""),
                                          ("change_ratio", str(getattr(a.result, "change_ratio", None)))):
                                 txt.setdefault(f"auto_{k}", []).append(v)
-                            if i == args.cycles and not args.no_check:
+                            if i == cycles and not args.no_check:
                                 full = names[(shape, "full")]
                                 ok[shape] = (same_rows(st, names[(shape, "diff")], full)
                                              and same_rows(st, names[(shape, "auto")], full))
                     for shape in shapes:
                         row = {"rows": rows, "rate": rate, "shape": shape, **summary(per[shape], text[shape]),
-                               "same_rows": ok[shape], "cycles": args.cycles, "tag": args.tag,
+                               "same_rows": ok[shape], "cycles": cycles, "tag": args.tag,
                                "gen_s": gen, "change_s": statistics.median(changes[1:] or changes)}
                         results.append(row)
                         print(line(row), flush=True)

@@ -408,6 +408,31 @@ def file_rows(path: str, version: int) -> list[int] | None:
     return None if any(n is None for n in counts) else [int(n) for n in counts]
 
 
+#: ``delta.checkpointInterval`` when the table does not set it (Spark's default)
+CHECKPOINT_INTERVAL = 10
+
+
+def checkpoint_if_due(path: str, version: int, configuration: dict[str, str]) -> int | None:
+    """Write a checkpoint of the table at ``version`` when ``version`` is a multiple of its
+    ``delta.checkpointInterval`` and none is there (Spark writes its own commits' checkpoints); the version
+    checkpointed, else None. Why: spark-trickle's own commits write none, and delta-rs' only every 100
+    commits, while every reader (delta-rs opening the table for a refresh's snapshot, Spark, a DeltaLog
+    without this process's state) replays the log from the last checkpoint: opening a stream table after 40
+    own commits took 10-15 ms, a cost that grew with every refresh. Local tables only, as every delta-rs
+    write here."""
+    local = local_path(path)
+    try:
+        interval = int(configuration.get("delta.checkpointInterval") or CHECKPOINT_INTERVAL)
+    except ValueError:
+        interval = CHECKPOINT_INTERVAL
+    if local is None or interval <= 0 or version <= 0 or version % interval:
+        return None
+    if os.path.exists(os.path.join(local, "_delta_log", f"{version:020d}.checkpoint.parquet")):
+        return None
+    opened(path, version).create_checkpoint()
+    return version
+
+
 def table_rows(path: str, version: int) -> int | None:
     """Rows of the table at ``version`` from its files' statistics (None when unknown)."""
     counts = file_rows(path, version)

@@ -96,9 +96,12 @@ def write_parquet(root: str, folder: str, prefix: str, table: pa.Table) -> tuple
     return rel, os.path.getsize(full)
 
 
-#: rows of the data files written here, by absolute path, newest last (see :func:`written_rows`)
-_WRITTEN: OrderedDict[str, pa.Table] = OrderedDict()
+#: rows of the data files written here, by absolute path, newest last (see :func:`written_rows`), with their
+#: bytes; and the bytes of all kept. Why a running total: summing every kept table's ``nbytes`` per commit cost
+#: 4 us per file kept, which grows with the refreshes a process made (thousands of small files fit the bound)
+_WRITTEN: OrderedDict[str, tuple[pa.Table, int]] = OrderedDict()
 _WRITTEN_LOCK = threading.Lock()
+_written_bytes = 0
 #: how many bytes of Arrow rows :data:`_WRITTEN` keeps in all, the oldest files going first: a bound on memory
 #: whatever the row width (a small table's MERGE rewrites files of at most ``trickle.apply.ownMergeRowsBelow``
 #: rows; the vectors' inserted rows are kept too, and are dropped first when they are large)
@@ -113,20 +116,35 @@ def written_rows(full_path: str) -> pa.Table | None:
     name is unique, so the rows kept are the file's for as long as it exists."""
     key = os.path.normpath(full_path)
     with _WRITTEN_LOCK:
-        rows = _WRITTEN.get(key)
-        if rows is not None:
-            _WRITTEN.move_to_end(key)
-        return rows
+        kept = _WRITTEN.get(key)
+        if kept is None:
+            return None
+        _WRITTEN.move_to_end(key)
+        return kept[0]
 
 
 def _remember_written(full_path: str, table: pa.Table) -> None:
-    if table.nbytes > WRITTEN_BYTES_KEPT:
+    global _written_bytes
+    size = table.nbytes
+    if size > WRITTEN_BYTES_KEPT:
         return
     with _WRITTEN_LOCK:
-        _WRITTEN[os.path.normpath(full_path)] = table
-        total = sum(t.nbytes for t in _WRITTEN.values())
-        while total > WRITTEN_BYTES_KEPT:
-            total -= _WRITTEN.popitem(last=False)[1].nbytes
+        key = os.path.normpath(full_path)
+        old = _WRITTEN.pop(key, None)
+        _written_bytes += size - (old[1] if old is not None else 0)
+        _WRITTEN[key] = (table, size)
+        while _written_bytes > WRITTEN_BYTES_KEPT:
+            _written_bytes -= _WRITTEN.popitem(last=False)[1][1]
+
+
+def forget_written(full_paths: list[str]) -> None:
+    """Drop the kept rows of files a commit removed: no later MERGE reads them."""
+    global _written_bytes
+    with _WRITTEN_LOCK:
+        for path in full_paths:
+            old = _WRITTEN.pop(os.path.normpath(path), None)
+            if old is not None:
+                _written_bytes -= old[1]
 
 
 def add_action(root: str, table: pa.Table, now: int) -> tuple[dict[str, Any], str, int]:

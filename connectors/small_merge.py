@@ -100,6 +100,7 @@ def merge(path: str, read_version: int, files: dict[str, dict[str, Any]], schema
                "numTargetFilesAdded": int(written.num_rows > 0), "numTargetFilesRemoved": len(touched)}
     own_commit.commit(root, read_version, actions, "MERGE", {"predicate": f"t.{ROW_ID} = s.{ROW_ID}"}, metrics,
                       record, txn_version, app_id, "small merge", blind_append=False, now=now)
+    own_commit.forget_written([os.path.join(root, unquote(rel)) for rel in touched])
     return {"inserted": inserted.num_rows, "updated": post.num_rows, "deleted": deleted_rows.num_rows}
 
 

@@ -28,6 +28,7 @@ after checking that the query still analyses over it (else the table goes to ERR
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 import uuid
@@ -57,6 +58,8 @@ from pipeline.decision import RefreshResult, decide, nothing_moved
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 from pipeline.modes import RefreshAction, RefreshMode, TableStatus
 from pipeline.session_conf import ConfReads, jvm_session
+
+_log = logging.getLogger(__name__)
 
 #: Spark conf: differential refreshes over less data than this many bytes run interpreted (no codegen).
 INTERPRETED_BELOW = "trickle.refresh.interpretedBelowBytes"
@@ -404,6 +407,8 @@ class Refresher:
                                 check_output=bool(replaced) or action == RefreshAction.REINITIALIZE)
         self.after_commit(d.name)
         committed_nothing = counts is None
+        if not committed_nothing and committed.version is not None:
+            self._checkpoint(d, committed.version + 1)
         counts = counts or {"inserted": 0, "updated": 0, "deleted": 0}
         if action == RefreshAction.DIFFERENTIAL and record.get("notes"):
             reason = f"{reason}; {'; '.join(record['notes'])}"
@@ -423,6 +428,16 @@ class Refresher:
         if dear is not None:
             self._learn_dear_delta(d, ratio, dear)
         return result
+
+    def _checkpoint(self, d: StreamTableDef, made: int) -> None:
+        """A log checkpoint at the version this refresh's commit made, when one is due (see
+        :func:`connectors.delta_rs.checkpoint_if_due`). The commit has landed: a checkpoint that cannot be
+        written is left to the next one, or to housekeeping."""
+        meta = DeltaLog(self.spark, d.path).metadata(made)
+        try:
+            delta_rs.checkpoint_if_due(d.path, made, meta.configuration if meta is not None else {})
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            _log.warning("stream table %s: no checkpoint at version %d (%s)", d.name, made, _first_line(e))
 
     def _auto_budget(self, d: StreamTableDef) -> float | None:
         """How long an AUTO table's DIFFERENTIAL refresh may run (see :func:`strategy.budget`); None for the
