@@ -412,25 +412,28 @@ def file_rows(path: str, version: int) -> list[int] | None:
 CHECKPOINT_INTERVAL = 10
 
 
-def checkpoint_if_due(path: str, version: int, configuration: dict[str, str]) -> int | None:
-    """Write a checkpoint of the table at ``version`` when ``version`` is a multiple of its
-    ``delta.checkpointInterval`` and none is there (Spark writes its own commits' checkpoints); the version
-    checkpointed, else None. Why: spark-trickle's own commits write none, and delta-rs' only every 100
-    commits, while every reader (delta-rs opening the table for a refresh's snapshot, Spark, a DeltaLog
-    without this process's state) replays the log from the last checkpoint: opening a stream table after 40
-    own commits took 10-15 ms, a cost that grew with every refresh. Local tables only, as every delta-rs
-    write here."""
-    local = local_path(path)
+def checkpoint_due(version: int, configuration: dict[str, str]) -> bool:
+    """Whether a commit that made ``version`` is one a log checkpoint follows: a multiple of the table's
+    ``delta.checkpointInterval``, as for Spark's commits. Why: spark-trickle's own commits write none, and
+    delta-rs' only every 100 commits, while every reader (delta-rs opening the table for a refresh's
+    snapshot, Spark, a DeltaLog without this process's state) replays the log from the last checkpoint:
+    opening a stream table after 40 own commits took 10-15 ms, a cost that grew with every refresh."""
     try:
         interval = int(configuration.get("delta.checkpointInterval") or CHECKPOINT_INTERVAL)
     except ValueError:
         interval = CHECKPOINT_INTERVAL
-    if local is None or interval <= 0 or version <= 0 or version % interval:
-        return None
+    return interval > 0 and version > 0 and version % interval == 0
+
+
+def checkpoint(path: str, version: int) -> bool:
+    """Write a classic checkpoint of the local table at ``version`` unless one is there (Spark writes its own
+    commits'); whether it wrote one. The caller checked that the table's features are ones written here:
+    delta-rs keeps deletion vectors and change data settings in it, and Spark reads it."""
+    local = _local_or_refuse(path)
     if os.path.exists(os.path.join(local, "_delta_log", f"{version:020d}.checkpoint.parquet")):
-        return None
+        return False
     opened(path, version).create_checkpoint()
-    return version
+    return True
 
 
 def table_rows(path: str, version: int) -> int | None:

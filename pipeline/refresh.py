@@ -431,11 +431,17 @@ class Refresher:
 
     def _checkpoint(self, d: StreamTableDef, made: int) -> None:
         """A log checkpoint at the version this refresh's commit made, when one is due (see
-        :func:`connectors.delta_rs.checkpoint_if_due`). The commit has landed: a checkpoint that cannot be
-        written is left to the next one, or to housekeeping."""
-        meta = DeltaLog(self.spark, d.path).metadata(made)
+        :func:`connectors.delta_rs.checkpoint_due`) and the table's features are ones spark-trickle writes
+        itself. The commit has landed: a checkpoint that cannot be written is left to the next one, or to
+        housekeeping."""
+        log = DeltaLog(self.spark, d.path)
+        meta = log.metadata(made)
+        if meta is None or not delta_rs.checkpoint_due(made, meta.configuration):
+            return
         try:
-            delta_rs.checkpoint_if_due(d.path, made, meta.configuration if meta is not None else {})
+            if own_commit.unusable(d.path, log.protocol(made), meta.configuration, bool(meta.partition_columns),
+                                   meta.schema_json) is None:  # else Spark commits it, and checkpoints it
+                delta_rs.checkpoint(d.path, made)
         except Exception as e:  # noqa: BLE001 - see the docstring
             _log.warning("stream table %s: no checkpoint at version %d (%s)", d.name, made, _first_line(e))
 

@@ -214,3 +214,12 @@ def test_own_commits_checkpoint_the_log_every_interval(spark: Any, st: Any, make
     r = st.refresh_stream_table(name)
     assert (r.apply or "").startswith("MERGE (own)"), r
     assert rows(st.read(name)) == rows(spark.sql(query))
+
+
+def test_a_checkpoint_is_due_every_interval_as_for_spark() -> None:
+    from connectors import delta_rs
+
+    assert [v for v in range(31) if delta_rs.checkpoint_due(v, {})] == [10, 20, 30]
+    assert [v for v in range(13) if delta_rs.checkpoint_due(v, {"delta.checkpointInterval": "4"})] == [4, 8, 12]
+    assert not delta_rs.checkpoint_due(10, {"delta.checkpointInterval": "0"})
+    assert delta_rs.checkpoint_due(10, {"delta.checkpointInterval": "ten"})  # unreadable: Spark's default
