@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 import dvm
 from connectors import deletion_vectors, delta_errors, delta_log, delta_rs, delta_sink, own_commit
 from connectors.delta_log import DeltaLog, SourceWindow
+from connectors.storage import local_path
 from dvm import Context, SourceRef, plain_rows_sql, quote
 from pipeline import (
     fixpoints,
@@ -434,11 +435,13 @@ class Refresher:
         :func:`connectors.delta_rs.checkpoint_due`) and the table's features are ones spark-trickle writes
         itself. The commit has landed: a checkpoint that cannot be written is left to the next one, or to
         housekeeping."""
-        log = DeltaLog(self.spark, d.path)
-        meta = log.metadata(made)
-        if meta is None or not delta_rs.checkpoint_due(made, meta.configuration):
+        if local_path(d.path) is None:  # Spark commits it, and checkpoints it
             return
         try:
+            log = DeltaLog(self.spark, d.path)
+            meta = log.metadata(made)
+            if meta is None or not delta_rs.checkpoint_due(made, meta.configuration):
+                return
             if own_commit.unusable(d.path, log.protocol(made), meta.configuration, bool(meta.partition_columns),
                                    meta.schema_json) is None:  # else Spark commits it, and checkpoints it
                 delta_rs.checkpoint(d.path, made)
