@@ -163,8 +163,6 @@ def test_a_group_removed_from_a_table_created_before_its_first_refresh(
 
 
 def _remove_a_group(spark: Any, st: Any, make_source: Any, unique_name: Any, created_by: str, merged_by: str) -> None:
-    import json
-
     src = make_source("smn_src", "id INT, k STRING, v INT", rows=[(i, f"k{i % 3}", i) for i in range(9)])
     name, query = unique_name("smn"), f"SELECT k, SUM(v) AS total, COUNT(*) AS n FROM {src} GROUP BY k"
     st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL", initialize=False)
