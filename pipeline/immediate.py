@@ -10,14 +10,13 @@ resumes exactly. This is near-immediate (one micro-batch after the source commit
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from connectors.delta_log import DeltaLog
 from pipeline.errors import CatalogError
 
 if TYPE_CHECKING:
+    from connectors.storage import Storage
     from pipeline.catalog import Catalog
     from pipeline.refresh import Refresher
 
@@ -51,7 +50,7 @@ def start_immediate(spark: Any, catalog: Catalog, refresher: Refresher, name: st
         streams.append(reader.load(src.path).selectExpr(f"'{key}' AS source", "_commit_version"))
     if not streams:
         return None
-    fresh_checkpoint(catalog.checkpoint_path(name),
+    fresh_checkpoint(catalog.storage, catalog.checkpoint_path(name),
                      {k: s.path for k, s in d.sources.items() if follow is None or k in follow})
     union = streams[0]
     for s in streams[1:]:
@@ -66,21 +65,18 @@ def start_immediate(spark: Any, catalog: Catalog, refresher: Refresher, name: st
             .trigger(processingTime=f"{trigger_seconds} seconds").start())
 
 
-def fresh_checkpoint(checkpoint: str, followed: dict[str, str]) -> None:
+def fresh_checkpoint(storage: Storage, checkpoint: str, followed: dict[str, str]) -> None:
     """Start the checkpoint afresh when the sources the query follows changed since it was written (an ALTER
     of the query, or a source now refreshed by mirror batches): Spark cannot restart a query from a
     checkpoint of other sources. Nothing is lost: the checkpoint only decides *when* to refresh, and the
     new query starts at the table's own frontier. The followed sources are noted beside the checkpoint (a
-    checkpoint without that note, from before, is kept)."""
-    marker = Path(f"{checkpoint}.follows.json")
+    checkpoint without that note, from before, is kept). Both go through the catalog's ``storage``, since the
+    checkpoint may be on an object store (``s3a://...``) that the OS cannot reach."""
+    marker = f"{checkpoint}.follows.json"
     text = json.dumps(followed, sort_keys=True)
-    try:
-        before: str | None = marker.read_text(encoding="utf-8")
-    except OSError:
-        before = None
+    before = storage.read_text(marker)
     if before == text:
         return
     if before is not None:
-        shutil.rmtree(checkpoint, ignore_errors=True)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(text, encoding="utf-8")
+        storage.delete_tree(checkpoint)
+    storage.write_text(marker, text)

@@ -121,7 +121,12 @@ def test_immediate_table_with_its_checkpoint_on_s3(spark: Any, s3: S3Server, uni
         caught_up("after a change while running")
     finally:
         st.stop(name)
-    assert any(k.startswith(f"immediate/_trickle/checkpoints/{name}/offsets/") for k in _keys(s3, "immediate/"))
+    keys = _keys(s3, "immediate/")
+    assert any(k.startswith(f"immediate/_trickle/checkpoints/{name}/offsets/") for k in keys)
+    # the note of the followed sources beside the checkpoint is in the bucket too, not in a local folder named
+    # after the URI (which the OS would make of "s3a://...", relative to the working directory)
+    assert f"immediate/_trickle/checkpoints/{name}.follows.json" in keys, keys
+    assert not Path(root.replace("s3a://", "s3a:/")).exists()
     spark.sql(f"DELETE FROM {src} WHERE customer = 'b'")
     spark.sql(f"UPDATE {src} SET amount = amount + 1 WHERE id = 1")
     st.start(name)
