@@ -40,6 +40,7 @@ offset (of its size field) and size.
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import struct
@@ -87,35 +88,83 @@ def unz85(text: str) -> bytes:
     return bytes(out)
 
 
-def encode(positions: np.ndarray) -> bytes:
-    """A ``RoaringBitmapArray`` of the row positions (any order, no duplicates needed)."""
+def _split(positions: np.ndarray) -> dict[int, Any]:
+    """The row positions as one 32-bit roaring bitmap per high key (one, below 4G rows), built from the array's
+    buffer rather than a Python list: a vector of a million positions costs milliseconds, not a second."""
     from pyroaring import BitMap
 
-    positions = np.unique(np.asarray(positions, dtype=np.uint64))
+    positions = np.asarray(positions, dtype=np.uint64)
+    if not len(positions):
+        return {}
+    if int(positions.max()) < 1 << 32:
+        return {0: BitMap(array.array("I", positions.astype(np.uint32).tobytes()))}
     keys = positions >> np.uint64(32)
-    parts = [struct.pack("<iq", _MAGIC, len(np.unique(keys)))]
-    for key in np.unique(keys):
-        low = (positions[keys == key] & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-        bitmap = BitMap(low.tolist())
+    return {int(key): BitMap(array.array("I", (positions[keys == key] & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+                                        .tobytes())) for key in np.unique(keys)}
+
+
+def _serialize(bitmaps: dict[int, Any]) -> bytes:
+    """A ``RoaringBitmapArray`` of bitmaps by high key."""
+    parts = [struct.pack("<iq", _MAGIC, len(bitmaps))]
+    for key in sorted(bitmaps):
+        bitmap = bitmaps[key]
         bitmap.run_optimize()
-        parts.append(struct.pack("<i", int(key)) + bitmap.serialize())
+        parts.append(struct.pack("<i", key) + bitmap.serialize())
     return b"".join(parts)
 
 
-def decode(data: bytes) -> np.ndarray:
-    """The row positions of a ``RoaringBitmapArray``, ascending."""
+def _bitmaps(data: bytes) -> dict[int, Any]:
+    """The bitmaps of a ``RoaringBitmapArray`` by high key."""
     from pyroaring import BitMap
 
     magic, count = struct.unpack_from("<iq", data, 0)
     if magic != _MAGIC:
         raise ValueError(f"not a deletion vector (magic {magic})")
-    at, out = 12, []
+    at, out = 12, {}
     for _ in range(count):
         (key,) = struct.unpack_from("<i", data, at)
         bitmap = BitMap.deserialize(data[at + 4:])
         at += 4 + len(bitmap.serialize())
-        out.append(np.asarray(bitmap.to_array(), dtype=np.uint64) | (np.uint64(key) << np.uint64(32)))
+        out[key] = bitmap
+    return out
+
+
+def _positions(bitmaps: dict[int, Any]) -> np.ndarray:
+    out = [np.frombuffer(bitmaps[key].to_array(), dtype=np.uint32).astype(np.uint64) | (np.uint64(key) << np.uint64(32))
+           for key in sorted(bitmaps)]
     return np.concatenate(out) if out else np.empty(0, dtype=np.uint64)
+
+
+def encode(positions: np.ndarray) -> bytes:
+    """A ``RoaringBitmapArray`` of the row positions (any order, no duplicates needed)."""
+    return _serialize(_split(positions))
+
+
+def decode(data: bytes) -> np.ndarray:
+    """The row positions of a ``RoaringBitmapArray``, ascending."""
+    return _positions(_bitmaps(data))
+
+
+def with_marked(old: bytes | None, fresh: np.ndarray) -> tuple[bytes, int]:
+    """The vector marking ``old``'s positions (a ``RoaringBitmapArray``, None for none) and ``fresh``'s, and how
+    many it marks. A union of roaring bitmaps: a refresh pays for the positions it marks, not again for every
+    position marked since the file was written (decoding, merging and re-encoding them as arrays grew with each
+    refresh: 0.1 s at the first refresh of a 10M-row table, 1.7 s at the fifteenth)."""
+    bitmaps = _bitmaps(old) if old is not None else {}
+    for key, bitmap in _split(fresh).items():
+        if key in bitmaps:
+            bitmaps[key] |= bitmap
+        else:
+            bitmaps[key] = bitmap
+    return _serialize(bitmaps), sum(len(b) for b in bitmaps.values())
+
+
+def marked_among(root: str, descriptor: dict[str, Any], positions: np.ndarray) -> np.ndarray:
+    """Whether each of ``positions`` is already marked in the vector ``descriptor`` names: an intersection of
+    bitmaps, whose cost follows the positions asked about rather than the vector's size."""
+    vector = _bitmaps(vector_bytes(root, descriptor))
+    common = {key: bitmap & vector[key] for key, bitmap in _split(positions).items() if key in vector}
+    return np.isin(np.asarray(positions, dtype=np.uint64), _positions(common))
 
 
 def _vector_file(root: str, descriptor: dict[str, Any]) -> str:
@@ -130,10 +179,10 @@ def _vector_file(root: str, descriptor: dict[str, Any]) -> str:
     return os.path.join(root, prefix, name) if prefix else os.path.join(root, name)
 
 
-def read_vector(root: str, descriptor: dict[str, Any]) -> np.ndarray:
-    """The deleted positions a descriptor (an ``add``'s ``deletionVector``) names, inline or in a file."""
+def vector_bytes(root: str, descriptor: dict[str, Any]) -> bytes:
+    """The ``RoaringBitmapArray`` a descriptor (an ``add``'s ``deletionVector``) names, inline or in a file."""
     if descriptor["storageType"] == "i":
-        return decode(unz85(str(descriptor["pathOrInlineDv"]))[: int(descriptor["sizeInBytes"])])
+        return unz85(str(descriptor["pathOrInlineDv"]))[: int(descriptor["sizeInBytes"])]
     with open(_vector_file(root, descriptor), "rb") as f:
         f.seek(int(descriptor.get("offset") or 1))
         (size,) = struct.unpack(">i", f.read(4))
@@ -141,7 +190,12 @@ def read_vector(root: str, descriptor: dict[str, Any]) -> np.ndarray:
         (crc,) = struct.unpack(">I", f.read(4))
     if size != int(descriptor["sizeInBytes"]) or crc != zlib.crc32(data):
         raise ValueError(f"deletion vector of {descriptor} is damaged (size or checksum)")
-    return decode(data)
+    return data
+
+
+def read_vector(root: str, descriptor: dict[str, Any]) -> np.ndarray:
+    """The deleted positions a descriptor (an ``add``'s ``deletionVector``) names, ascending."""
+    return decode(vector_bytes(root, descriptor))
 
 
 def _write_vectors(root: str, vectors: list[bytes]) -> tuple[str, list[int]]:
@@ -284,7 +338,7 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array,
             found = hash_index.probe(stored, ids, wanted)
             indexes.build_later(key, stored, ids)
         if len(found.positions) and add.get("deletionVector"):
-            live = ~np.isin(found.positions, read_vector(root, add["deletionVector"]).astype(np.int64))
+            live = ~marked_among(root, add["deletionVector"], found.positions)
             found = hash_index.Found(*(column[live] for column in found))
         if not len(found.positions):
             return None
@@ -368,26 +422,20 @@ def _mark(root: str, files: dict[str, dict[str, Any]], deleted: pa.Table, now: i
     """The ``remove`` / ``add`` pairs that mark ``deleted``'s positions in their files' vectors."""
     if not deleted.num_rows:
         return []
-    by_file: dict[str, np.ndarray] = {}
-    paths, positions = deleted[FILE].to_pylist(), deleted[POSITION].to_numpy(zero_copy_only=False)
-    order = np.argsort(np.asarray(paths, dtype=object), kind="stable")
-    for rel, group in _groups([paths[i] for i in order], positions[order]):
-        by_file[rel] = group
     removes, kept, vectors = [], [], []
-    for rel, fresh in by_file.items():
+    for rel, fresh in _by_file(deleted):
         add = files[rel]
         old = add.get("deletionVector")
-        marked = np.union1d(read_vector(root, old).astype(np.int64), fresh) if old else np.unique(fresh)
+        data, cardinality = with_marked(vector_bytes(root, old) if old else None, fresh)
         remove = {"path": rel, "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
                   "partitionValues": add.get("partitionValues") or {}, "size": add["size"]}
         if old:
             remove["deletionVector"] = old
         removes.append({"remove": remove})
         records = json.loads(add["stats"]).get("numRecords") if add.get("stats") else None
-        if records is not None and len(marked) >= int(records):
+        if records is not None and cardinality >= int(records):
             continue  # every row of the file is gone: the remove alone
-        data = encode(marked)
-        kept.append((add, len(marked), len(data)))
+        kept.append((add, cardinality, len(data)))
         vectors.append(data)
     adds = []
     if vectors:
@@ -403,12 +451,16 @@ def _mark(root: str, files: dict[str, dict[str, Any]], deleted: pa.Table, now: i
     return removes + adds
 
 
-def _groups(paths: list[str], positions: np.ndarray) -> Iterable[tuple[str, np.ndarray]]:
-    start = 0
-    for i in range(1, len(paths) + 1):
-        if i == len(paths) or paths[i] != paths[start]:
-            yield paths[start], positions[start:i]
-            start = i
+def _by_file(deleted: pa.Table) -> Iterable[tuple[str, np.ndarray]]:
+    """Each file's deleted positions, grouped by the file names' dictionary codes (a Python loop over the rows
+    cost 0.1 s per 85K deleted rows)."""
+    names = deleted[FILE].combine_chunks().dictionary_encode()
+    codes = names.indices.to_numpy(zero_copy_only=False)
+    positions = deleted[POSITION].to_numpy(zero_copy_only=False)
+    order = np.argsort(codes, kind="stable")
+    dictionary = names.dictionary.to_pylist()
+    for group in np.split(order, np.flatnonzero(np.diff(codes[order])) + 1):
+        yield dictionary[codes[group[0]]], positions[group]
 
 
 # --- turning vectors on ---

@@ -32,6 +32,31 @@ def test_vectors_and_names_round_trip() -> None:
     assert dv.unz85(dv.z85(data)) == data and len(dv.z85(data)) == 20
     with pytest.raises(ValueError, match="not a deletion vector"):
         dv.decode(b"\x00" * 12)
+    assert dv.decode(dv.encode(np.empty(0, np.int64))).tolist() == []
+
+
+def test_marking_more_positions_unites_them_with_the_old_vector(tmp_path: Any) -> None:
+    """A refresh marks its positions into a file's vector without decoding it to an array: the union holds the
+    old and the new positions once each, over both 32-bit halves, and the membership test answers per
+    position, for vectors inline and in a file."""
+    rng = np.random.default_rng(7)
+    old = np.unique(np.concatenate([rng.integers(0, 3_000_000, 200_000), [2**32 + 1, 2**32 + 9]]))
+    fresh = np.concatenate([rng.integers(0, 3_000_000, 5_000), old[:100], [2**32 + 9, 2**33]])
+    data, count = dv.with_marked(dv.encode(old), fresh)
+    want = sorted(set(old.tolist()) | set(fresh.tolist()))
+    assert dv.decode(data).tolist() == want and count == len(want)
+    assert dv.decode(dv.with_marked(None, fresh)[0]).tolist() == sorted(set(fresh.tolist()))
+
+    asked = np.concatenate([old[::1000], rng.integers(0, 2**33, 2_000), [2**32 + 1, 2**32 + 2]])
+    name, (offset,) = dv._write_vectors(str(tmp_path), [data])
+    in_file = {"storageType": "u", "pathOrInlineDv": name, "offset": offset, "sizeInBytes": len(data),
+               "cardinality": count}
+    small = dv.encode(np.array([3, 2**32 + 1]))
+    inline = {"storageType": "i", "pathOrInlineDv": dv.z85(small + b"\x00" * (-len(small) % 4)),
+              "sizeInBytes": len(small), "cardinality": 2}
+    marked = set(want)
+    assert dv.marked_among(str(tmp_path), in_file, asked).tolist() == [int(p) in marked for p in asked]
+    assert dv.marked_among(str(tmp_path), inline, asked).tolist() == [int(p) in {3, 2**32 + 1} for p in asked]
 
 
 def test_spark_written_vectors_are_read_as_spark_deleted(spark: Any, tmp_path: Any) -> None:
