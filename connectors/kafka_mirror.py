@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -533,6 +534,36 @@ def _follow_schema(batch: Any, src: KafkaSource, values: list[bytes | None] | No
     return dataclasses.replace(src, schema=schema), ev.conflicts
 
 
+#: errors of a topic that exists but whose partitions are not served yet (just created, a leader being elected)
+_NOT_SERVED_YET = ("UnknownTopicOrPartitionException", "LeaderNotAvailableException", "NotLeaderOrFollowerException")
+#: how long :func:`discover_schema` waits for a topic's partitions to be served before giving up
+NOT_SERVED_WAIT_S = 30.0
+
+
+def _newest_with_schema(reader: Any, topic: str) -> Any:
+    """The topic's newest record whose value carries a Connect schema (None when there is none). Retried while
+    the broker does not serve the topic's partitions yet: Debezium creates a topic with its first event, and a
+    runtime started right after meets the partition before its leader is known ("This server does not host
+    this topic-partition"), which is a matter of seconds, not a wrong topic."""
+    deadline = time.monotonic() + NOT_SERVED_WAIT_S
+    while True:
+        try:
+            return (reader.load().selectExpr("CAST(key AS STRING) AS k", "CAST(value AS STRING) AS v", "offset")
+                    .where("get_json_object(v, '$.schema') IS NOT NULL").orderBy("offset", ascending=False).first())
+        except Exception as e:  # noqa: BLE001 - Py4J wraps the Kafka client's exception; matched by name below
+            if not any(name in str(e) for name in _NOT_SERVED_YET):
+                raise
+            if time.monotonic() >= deadline:
+                raise DecodeError(f"topic {topic!r}: the Kafka cluster did not serve its partitions within "
+                                  f"{NOT_SERVED_WAIT_S:.0f} s ({_first_line(str(e))}); check the broker's health "
+                                  "and start again") from None
+            time.sleep(1.0)
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), text)
+
+
 def discover_schema(spark: Any, name: str, topic: str, bootstrap_servers: str, options: Mapping[str, str],
                     key: Iterable[str] = ()) -> SourceSchema:
     """The columns and key of a Kafka source whose conf lists no columns: the existing mirror's (its key from
@@ -549,8 +580,7 @@ def discover_schema(spark: Any, name: str, topic: str, bootstrap_servers: str, o
               .option("subscribe", topic).option("startingOffsets", "earliest").option("endingOffsets", "latest"))
     for k, v in {**client_timeouts(options), **options}.items():
         reader = reader.option(k, v)
-    row = (reader.load().selectExpr("CAST(key AS STRING) AS k", "CAST(value AS STRING) AS v", "offset")
-           .where("get_json_object(v, '$.schema') IS NOT NULL").orderBy("offset", ascending=False).first())
+    row = _newest_with_schema(reader, topic)
     if row is None:
         raise DecodeError(f"Kafka source {name} lists no columns, and topic {topic!r} holds no change event with a "
                           "Connect schema to take them from: list the columns in the conf file, or enable "

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -208,3 +209,44 @@ def test_broker_going_away_is_reported_and_sigint_stops_promptly(tmp_path: Path)
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(30)
         broker.stop()
+
+
+class _Reader:
+    """A Kafka batch read whose first ``failures`` loads fail as Spark's does while the broker does not serve a
+    fresh topic's partition yet (the CI race: Debezium had just created the topic)."""
+
+    def __init__(self, failures: int, error: str = "UnknownTopicOrPartitionException: This server does not "
+                 "host this topic-partition.") -> None:
+        self.failures, self.error, self.loads = failures, error, 0
+
+    def load(self) -> _Reader:
+        self.loads += 1
+        if self.loads <= self.failures:
+            raise RuntimeError(f"An error occurred while calling o1.collectToPython.\n: {self.error}")
+        return self
+
+    def selectExpr(self, *_: str) -> _Reader:  # noqa: N802 - Spark's name
+        return self
+
+    def where(self, _: str) -> _Reader:
+        return self
+
+    def orderBy(self, *_: Any, **__: Any) -> _Reader:  # noqa: N802 - Spark's name
+        return self
+
+    def first(self) -> dict[str, str]:
+        return {"k": "key", "v": "value"}
+
+
+def test_schema_discovery_waits_for_a_topic_the_broker_does_not_serve_yet(monkeypatch: Any) -> None:
+    from connectors import kafka_mirror
+    from connectors.debezium import DecodeError
+
+    monkeypatch.setattr(kafka_mirror.time, "sleep", lambda _: None)
+    reader = _Reader(failures=2)
+    assert kafka_mirror._newest_with_schema(reader, "t") == {"k": "key", "v": "value"} and reader.loads == 3
+    with pytest.raises(RuntimeError, match="SomethingElse"):  # any other failure is not waited out
+        kafka_mirror._newest_with_schema(_Reader(1, "SomethingElse"), "t")
+    monkeypatch.setattr(kafka_mirror, "NOT_SERVED_WAIT_S", 0.0)
+    with pytest.raises(DecodeError, match="did not serve its partitions within 0 s"):
+        kafka_mirror._newest_with_schema(_Reader(5), "t")
