@@ -551,17 +551,15 @@ def _newest_with_schema(reader: Any, topic: str) -> Any:
             return (reader.load().selectExpr("CAST(key AS STRING) AS k", "CAST(value AS STRING) AS v", "offset")
                     .where("get_json_object(v, '$.schema') IS NOT NULL").orderBy("offset", ascending=False).first())
         except Exception as e:  # noqa: BLE001 - Py4J wraps the Kafka client's exception; matched by name below
-            if not any(name in str(e) for name in _NOT_SERVED_YET):
+            # Py4J's first line names only the Java call; the Kafka client's error is a later line
+            cause = next((line.strip().lstrip(": ") for line in str(e).splitlines() if any(n in line for n in _NOT_SERVED_YET)), None)
+            if cause is None:
                 raise
             if time.monotonic() >= deadline:
                 raise DecodeError(f"topic {topic!r}: the Kafka cluster did not serve its partitions within "
-                                  f"{NOT_SERVED_WAIT_S:.0f} s ({_first_line(str(e))}); check the broker's health "
-                                  "and start again") from None
+                                  f"{NOT_SERVED_WAIT_S:.0f} s ({cause}); check the broker's health and start "
+                                  "again") from None
             time.sleep(1.0)
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), text)
 
 
 def discover_schema(spark: Any, name: str, topic: str, bootstrap_servers: str, options: Mapping[str, str],
