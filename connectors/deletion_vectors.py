@@ -47,6 +47,7 @@ import struct
 import threading
 import uuid
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -59,7 +60,7 @@ import pyarrow.parquet as pq
 from connectors import hash_index, own_commit
 from connectors.delta_log import DeltaLog
 from connectors.delta_rs import CommitFailed
-from connectors.storage import local_path
+from connectors.storage import local_path, write_new
 
 _MAGIC = 1681511377
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
@@ -121,10 +122,11 @@ def _bitmaps(data: bytes) -> dict[int, Any]:
     if magic != _MAGIC:
         raise ValueError(f"not a deletion vector (magic {magic})")
     at, out = 12, {}
-    for _ in range(count):
+    for i in range(count):
         (key,) = struct.unpack_from("<i", data, at)
         bitmap = BitMap.deserialize(data[at + 4:])
-        at += 4 + len(bitmap.serialize())
+        if i + 1 < count:  # where the next one starts (a table under 2^32 rows per file has one bitmap)
+            at += 4 + len(bitmap.serialize())
         out[key] = bitmap
     return out
 
@@ -179,17 +181,45 @@ def _vector_file(root: str, descriptor: dict[str, Any]) -> str:
     return os.path.join(root, prefix, name) if prefix else os.path.join(root, name)
 
 
+#: vectors this process wrote or read, by file and offset, newest last: a vector file never changes after it is
+#: written and its name is unique. Why: a refresh reads each touched file's vector twice (are the found rows
+#: already deleted, then the union with the new positions), and the previous refresh usually wrote it: the
+#: reads cost 2.2 ms of a 65 ms refresh of the floor's filter table (docs/BENCHMARKS.md, session 45)
+_VECTORS: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+_VECTORS_LOCK = threading.Lock()
+_VECTORS_KEPT = 64 << 20
+_vectors_bytes = 0
+
+
+def _keep_vector(key: tuple[str, int], data: bytes) -> None:
+    global _vectors_bytes
+    with _VECTORS_LOCK:
+        if key in _VECTORS:
+            _VECTORS.move_to_end(key)
+            return
+        _VECTORS[key] = data
+        _vectors_bytes += len(data)
+        while _vectors_bytes > _VECTORS_KEPT:
+            _vectors_bytes -= len(_VECTORS.popitem(last=False)[1])
+
+
 def vector_bytes(root: str, descriptor: dict[str, Any]) -> bytes:
     """The ``RoaringBitmapArray`` a descriptor (an ``add``'s ``deletionVector``) names, inline or in a file."""
     if descriptor["storageType"] == "i":
         return unz85(str(descriptor["pathOrInlineDv"]))[: int(descriptor["sizeInBytes"])]
-    with open(_vector_file(root, descriptor), "rb") as f:
-        f.seek(int(descriptor.get("offset") or 1))
+    key = (os.path.abspath(_vector_file(root, descriptor)), int(descriptor.get("offset") or 1))
+    with _VECTORS_LOCK:
+        kept = _VECTORS.get(key)
+    if kept is not None and len(kept) == int(descriptor["sizeInBytes"]):
+        return kept
+    with open(key[0], "rb") as f:
+        f.seek(key[1])
         (size,) = struct.unpack(">i", f.read(4))
         data = f.read(size)
         (crc,) = struct.unpack(">I", f.read(4))
     if size != int(descriptor["sizeInBytes"]) or crc != zlib.crc32(data):
         raise ValueError(f"deletion vector of {descriptor} is damaged (size or checksum)")
+    _keep_vector(key, data)
     return data
 
 
@@ -206,13 +236,11 @@ def _write_vectors(root: str, vectors: list[bytes]) -> tuple[str, list[int]]:
         offsets.append(at)
         body += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
         at = len(body)
-    _write_new(os.path.join(root, f"deletion_vector_{ident}.bin"), bytes(body))
+    full = os.path.abspath(os.path.join(root, f"deletion_vector_{ident}.bin"))
+    write_new(full, body)
+    for data, offset in zip(vectors, offsets, strict=True):
+        _keep_vector((full, offset), data)
     return z85(ident.bytes), offsets
-
-
-def _write_new(path: str, data: bytes) -> None:
-    with open(path, "xb") as f:
-        f.write(data)
 
 
 # --- the live files of a version ---
@@ -254,6 +282,33 @@ def live_files(log: DeltaLog, version: int) -> dict[str, dict[str, Any]]:
         with _LIVE_LOCK:
             _LIVE[key] = (version, signature, files)
     return {add["path"]: add for add in files.values()}
+
+
+#: rows of each data file (its statistics' ``numRecords``) by table and path: a data file never changes, so
+#: its statistics are parsed once (see :func:`live_rows`); emptied when it holds too many
+_FILE_ROWS: dict[tuple[str, str], int] = {}
+_FILE_ROWS_KEPT = 1_000_000
+
+
+def live_rows(log: DeltaLog, version: int) -> int | None:
+    """Rows of the table at ``version``: each live file's ``numRecords`` less the rows its deletion vector marks;
+    None when a file has no statistics. Why from the log: the refresh replays it anyway (:func:`live_files`,
+    incrementally), while opening the table with delta-rs for its files' row counts cost 0.4 ms of a 45 ms
+    refresh (docs/BENCHMARKS.md, session 45), and counted the rows vectors mark as deleted."""
+    total = 0
+    for add in live_files(log, version).values():
+        key = (log.path, add["path"])
+        rows = _FILE_ROWS.get(key)
+        if rows is None:
+            stats = add.get("stats")
+            records = json.loads(stats).get("numRecords") if stats else None
+            if records is None:
+                return None
+            if len(_FILE_ROWS) >= _FILE_ROWS_KEPT:
+                _FILE_ROWS.clear()
+            rows = _FILE_ROWS[key] = int(records)
+        total += rows - int((add.get("deletionVector") or {}).get("cardinality") or 0)
+    return total
 
 
 def _identity(action: dict[str, Any]) -> str:
@@ -327,9 +382,8 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array,
     keys = {rel: _index_key(root, rel, int(add["size"])) for rel, add in files.items()}
     indexes.retain(os.path.join(os.path.abspath(root), ""), set(keys.values()))
 
-    def scan(rel: str) -> pa.Table | None:
+    def scan(rel: str, index: hash_index.FileIndex | None) -> hash_index.Found | None:
         add, key = files[rel], keys[rel]
-        index = indexes.get(key)
         if index is not None:
             found = hash_index.find(index, wanted)
         else:
@@ -340,16 +394,24 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array,
         if len(found.positions) and add.get("deletionVector"):
             live = ~marked_among(root, add["deletionVector"], found.positions)
             found = hash_index.Found(*(column[live] for column in found))
-        if not len(found.positions):
-            return None
-        return pa.table({FILE: pa.array([rel] * len(found.positions), pa.string()),
-                         POSITION: pa.array(found.positions, pa.int64()), ROW_ID: pa.array(found.ids, pa.int64()),
-                         ROW_HASH: pa.array(found.hashes, pa.int64())})
+        return found if len(found.positions) else None
 
     todo = files_bounding(files, ROW_HASH, wanted)
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        parts = [t for t in pool.map(scan, todo) if t is not None]
-    return pa.concat_tables([empty, *parts]).combine_chunks()
+    held = {rel: indexes.get(keys[rel]) for rel in todo}
+    # a file with its index in memory is a binary search here; only files read from disk go side by side
+    # (a pool for the others cost more than their searches: 0.5 ms of a small refresh, session 45)
+    found = {rel: scan(rel, index) for rel, index in held.items() if index is not None}
+    unread = [rel for rel, index in held.items() if index is None]
+    if unread:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            found.update(zip(unread, pool.map(lambda rel: scan(rel, None), unread), strict=True))
+    hits = [(rel, f) for rel in todo if (f := found[rel]) is not None]
+    if not hits:
+        return empty
+    return pa.table({FILE: pa.array([rel for rel, f in hits for _ in range(len(f.positions))], pa.string()),
+                     POSITION: pa.array(np.concatenate([f.positions for _, f in hits]), pa.int64()),
+                     ROW_ID: pa.array(np.concatenate([f.ids for _, f in hits]), pa.int64()),
+                     ROW_HASH: pa.array(np.concatenate([f.hashes for _, f in hits]), pa.int64())})
 
 
 def files_bounding(files: dict[str, dict[str, Any]], column: str, wanted: np.ndarray) -> list[str]:

@@ -148,7 +148,9 @@ def apply_collected(spark: Any, path: str, rows: Any, strategy: str, engine: str
         try:
             if strategy == "APPEND":
                 delta_rs.append(path, rows.select(stored), **kwargs)
-            elif not (engine == "own" and _merged_here(spark, path, rows, update, record, read_version)):
+            elif engine == "own" and (counts := _merged_here(spark, path, rows, update, record, read_version)):
+                return counts  # committed as read_version + 1 (or CommitFailed): nothing to look up
+            else:
                 delta_rs.merge(path, rows, stored, update, **kwargs)
         except delta_rs.CommitFailed as e:
             committed_version(spark, path, record, read_version)  # CommitLost when another refresh won
@@ -181,9 +183,11 @@ def applied(commit: str, record: dict[str, Any]) -> str:
     return commit + (f"; delta computed by {engine}" if engine else "")
 
 
-def _merged_here(spark: Any, path: str, rows: Any, update: bool, record: dict[str, Any], read_version: int) -> bool:
-    """Commit a MERGE with spark-trickle's own commit (:mod:`connectors.small_merge`); False when it cannot write
-    this change: delta-rs' MERGE takes it then, and the record's ``apply`` (written into that commit) says so."""
+def _merged_here(spark: Any, path: str, rows: Any, update: bool, record: dict[str, Any],
+                 read_version: int) -> dict[str, int] | None:
+    """Commit a MERGE with spark-trickle's own commit (:mod:`connectors.small_merge`) and return its counts; None
+    when it cannot write this change: delta-rs' MERGE takes it then, and the record's ``apply`` (written into
+    that commit) says so."""
     from connectors import deletion_vectors, small_merge
 
     log = DeltaLog(spark, path)
@@ -191,13 +195,12 @@ def _merged_here(spark: Any, path: str, rows: Any, update: bool, record: dict[st
     try:
         if meta is None:
             raise deletion_vectors.Unusable("the table's metadata is unknown")
-        small_merge.merge(path, read_version, deletion_vectors.live_files(log, read_version),
-                          deletion_vectors.arrow_schema(meta), rows, update, record, txn_version(read_version),
-                          TXN_APP_ID)
-        return True
+        return small_merge.merge(path, read_version, deletion_vectors.live_files(log, read_version),
+                                 deletion_vectors.arrow_schema(meta), rows, update, record,
+                                 txn_version(read_version), TXN_APP_ID)
     except deletion_vectors.Unusable as e:
         record["apply"] = applied(f"MERGE (delta-rs): the own merge cannot write this change ({e})", record)
-        return False
+        return None
 
 
 def enable_deletion_vectors(spark: Any, path: str) -> None:

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from connectors.delta_log import TRICKLE_KEY
 from connectors.delta_rs import CommitFailed
-from connectors.storage import local_path
+from connectors.storage import local_path, write_new
 
 ENGINE = "spark-trickle"
 #: writer features honoured here: change data and vectors are written as Spark writes them, timestamps without
@@ -91,9 +91,13 @@ def write_parquet(root: str, folder: str, prefix: str, table: pa.Table) -> tuple
     (as the log names it) and its size."""
     rel = f"{folder}{prefix}-{uuid.uuid4()}.c000.snappy.parquet"
     full = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    pq.write_table(table, full, compression="snappy")
-    return rel, os.path.getsize(full)
+    # encoded in memory, then written by the OS: Arrow's own file output cost a small file about half of its
+    # write (0.1 of 0.23 ms)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="snappy")
+    data = sink.getvalue()
+    write_new(full, data)
+    return rel, data.size
 
 
 #: rows of the data files written here, by absolute path, newest last (see :func:`written_rows`), with their

@@ -714,7 +714,7 @@ class Refresher:
         stored, update, appendable = _change_rows(plan)
         statement = lambda src: plan.merge_statement(f"delta.{quote(d.path)}", src)  # noqa: E731
         deletes = int(pc.sum(rows.column("__del")).as_py() or 0) if rows.num_rows else 0
-        target_rows = delta_rs.table_rows(d.path, read_version) if read_version is not None else None
+        target_rows = self._stored_rows(d, read_version) if read_version is not None else None
         choice = strategy.choose(rows.num_rows, deletes, appendable, delta_rs.unusable(d.path, protocol), limits,
                                  target_rows, self._own_unusable(d, protocol, read_version))
         record["apply"] = delta_sink.applied(choice.describe(), record)
@@ -827,8 +827,18 @@ class Refresher:
             return None
         if delta_rs.unusable(d.path, DeltaLog(self.spark, d.path).protocol(read_version)) is not None:
             return None
-        rows = delta_rs.table_rows(d.path, read_version)
+        rows = self._stored_rows(d, read_version)
         return rows if rows is not None and rows <= limits.full_collect_rows else None
+
+    def _stored_rows(self, d: StreamTableDef, version: int) -> int | None:
+        """Rows of the stream table at ``version`` (None when unknown): from the log this process replays
+        (:func:`connectors.deletion_vectors.live_rows`), else from delta-rs."""
+        if local_path(d.path) is not None:
+            try:
+                return deletion_vectors.live_rows(DeltaLog(self.spark, d.path), version)
+            except deletion_vectors.Unusable:
+                pass
+        return delta_rs.table_rows(d.path, version)
 
     def _stored_order(self, d: StreamTableDef, version: int, names: list[str]) -> list[str]:
         """``names`` in the stored table's column order (delta-rs writes by position)."""

@@ -67,3 +67,27 @@ def test_fresh_ids_avoid_the_deleted_ones_and_follow_the_salt() -> None:
 def test_empty_delta() -> None:
     out = plain_rows.changes(_delta([]), None, COLUMNS, salt="s")
     assert out.num_rows == 0 and out.column_names == [*COLUMNS, "__del"]
+
+
+def test_picked_copies_are_the_lowest_ids_of_each_lost_tuple_by_an_independent_count() -> None:
+    """Random deltas and stored copies (duplicates, tuples losing more copies than stored, hashes not stored,
+    stored rows of other tuples, a column saying where a copy is): the picked copies are, per negative tuple,
+    its ``-__dw`` lowest stored ids, counted here in plain Python."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        hashes = rng.sample(range(-50, 50), rng.randint(0, 12))
+        delta = _delta([(i, None, h, rng.choice([-3, -2, -1, 1, 2])) for i, h in enumerate(hashes)])
+        ids = rng.sample(range(1000), rng.randint(0, 40))
+        stored = _stored([(i, rng.choice([*hashes, 99, 98]) if hashes else 99) for i in ids])
+        stored = stored.append_column("__file", pa.array([f"f{i % 3}" for i in ids], pa.string()))
+        lost = {h: -w for h, w in zip(delta["__row_hash"].to_pylist(), delta["__dw"].to_pylist(), strict=True)
+                if w < 0}
+        by_hash: dict[int, list[int]] = {}
+        for i, h in zip(stored["__row_id"].to_pylist(), stored["__row_hash"].to_pylist(), strict=True):
+            by_hash.setdefault(h, []).append(i)
+        expected = sorted((i, h) for h, n in lost.items() for i in sorted(by_hash.get(h, []))[:n])
+        _, deletes = plain_rows.split(delta, stored, COLUMNS, salt="s")
+        assert sorted(zip(deletes["__row_id"].to_pylist(), deletes["__row_hash"].to_pylist(), strict=True)) == expected
+        assert deletes["__file"].to_pylist() == [f"f{i % 3}" for i in deletes["__row_id"].to_pylist()]
