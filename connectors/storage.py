@@ -201,7 +201,7 @@ class LocalStorage(Storage):
         shutil.rmtree(_local(path), ignore_errors=True)
 
 
-def write_new(path: str, data: bytes | memoryview | Any) -> None:
+def write_new(path: str, data: Any) -> None:
     """Create the local file ``path`` holding ``data`` (anything with the buffer protocol); FileExistsError when
     it exists. Its folder is made only when the create finds it missing: asking first cost a system call per
     file, and a refresh writes four to six files (data, change data, log entry, history, definition)."""

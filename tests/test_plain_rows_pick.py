@@ -72,18 +72,23 @@ def test_empty_delta() -> None:
 def test_picked_copies_are_the_lowest_ids_of_each_lost_tuple_by_an_independent_count() -> None:
     """Random deltas and stored copies (duplicates, tuples losing more copies than stored, hashes not stored,
     stored rows of other tuples, a column saying where a copy is): the picked copies are, per negative tuple,
-    its ``-__dw`` lowest stored ids, counted here in plain Python."""
+    its ``-__dw`` lowest stored ids, counted here in plain Python. Some deltas hold two tuples of one hash (a
+    64-bit collision): their stored copies cannot be told apart, and the hash loses the sum of both."""
     import random
 
     rng = random.Random(7)
-    for _ in range(200):
+    for case in range(200):
         hashes = rng.sample(range(-50, 50), rng.randint(0, 12))
+        if case % 4 == 0 and hashes:
+            hashes.append(hashes[0])
         delta = _delta([(i, None, h, rng.choice([-3, -2, -1, 1, 2])) for i, h in enumerate(hashes)])
         ids = rng.sample(range(1000), rng.randint(0, 40))
         stored = _stored([(i, rng.choice([*hashes, 99, 98]) if hashes else 99) for i in ids])
         stored = stored.append_column("__file", pa.array([f"f{i % 3}" for i in ids], pa.string()))
-        lost = {h: -w for h, w in zip(delta["__row_hash"].to_pylist(), delta["__dw"].to_pylist(), strict=True)
-                if w < 0}
+        lost: dict[int, int] = {}
+        for h, w in zip(delta["__row_hash"].to_pylist(), delta["__dw"].to_pylist(), strict=True):
+            if w < 0:
+                lost[h] = lost.get(h, 0) - w
         by_hash: dict[int, list[int]] = {}
         for i, h in zip(stored["__row_id"].to_pylist(), stored["__row_hash"].to_pylist(), strict=True):
             by_hash.setdefault(h, []).append(i)
