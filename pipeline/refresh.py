@@ -58,7 +58,7 @@ from pipeline.catalog import Catalog, StreamTableDef
 from pipeline.decision import RefreshResult, decide, nothing_moved
 from pipeline.errors import RefreshError, SourceChangedError, SourceError, UnsupportedError
 from pipeline.modes import RefreshAction, RefreshMode, TableStatus
-from pipeline.session_conf import ConfReads, jvm_session
+from pipeline.session_conf import ConfReads, SessionSettings, jvm_session
 
 _log = logging.getLogger(__name__)
 
@@ -114,6 +114,8 @@ class Refresher:
         #: depends on the data, e.g. a change window too large, is not kept)
         self._local_refused: dict[tuple[str, str, str], str] = {}
         self._thread = threading.local()
+        #: the session's trickle.* settings, read again only when they changed (see pipeline.session_conf)
+        self._settings: SessionSettings | None = None
         #: how a member of a cycle of stream tables is refreshed: with its whole cycle, to a fixpoint
         #: (:func:`pipeline.cycles.refresh_component`, installed by :class:`pipeline.api.StreamTables`, which
         #: creates cycles; the refresh path itself knows only this contract)
@@ -128,7 +130,10 @@ class Refresher:
     @contextmanager
     def _conf_reads(self) -> Iterator[None]:
         outer = getattr(self._thread, "conf", None)
-        self._thread.conf = ConfReads(self.spark.conf, jvm_session(self.spark))
+        jsession = jvm_session(self.spark)
+        if jsession is not None and self._settings is None:
+            self._settings = SessionSettings(jsession)
+        self._thread.conf = ConfReads(self.spark.conf, jsession, self._settings)
         try:
             yield
         finally:

@@ -33,3 +33,49 @@ def test_one_round_trip_reads_what_spark_conf_answers(spark: Any) -> None:
     finally:
         for k in ("odd", "n", "later"):
             spark.conf.unset(f"trickle.test.{k}")
+
+
+def test_kept_settings_follow_every_change_of_the_session(spark: Any, tmp_path: Any) -> None:
+    """One SessionSettings serves every refresh of a session: each change (set, unset, SQL SET) is seen by
+    the next read, and an unchanged session is answered without reading the settings again."""
+    from pipeline.session_conf import SessionSettings, jvm_session
+
+    kept = SessionSettings(jvm_session(spark))
+    assert kept._rendering() is not None, "the session's settings map is out of reach: every read costs 3 trips"  # noqa: SLF001
+    spark.range(3).write.format("delta").mode("append").save(str(tmp_path / "t"))
+    try:
+        spark.conf.set("trickle.test.kept", "1")
+        first = kept.own()
+        assert first.get("trickle.test.kept") == "1"
+        assert kept.own() is first  # unchanged: the kept read
+        # a Delta commit in the session rewrites spark.databricks.delta.lastCommitVersionInSession: no trickle.*
+        # setting changed, so the kept read stands
+        spark.range(3).write.format("delta").mode("append").save(str(tmp_path / "t"))
+        assert spark.conf.get("spark.databricks.delta.lastCommitVersionInSession") is not None
+        assert kept.own() is first
+        spark.conf.set("trickle.test.kept", "2")
+        assert kept.own().get("trickle.test.kept") == "2"
+        spark.sql("SET trickle.test.kept = 3")
+        assert kept.own().get("trickle.test.kept") == "3"
+        spark.conf.unset("trickle.test.kept")
+        assert "trickle.test.kept" not in kept.own()
+        spark.conf.set("trickle.test.other", "x")
+        assert kept.own().get("trickle.test.other") == "x"
+    finally:
+        spark.conf.unset("trickle.test.kept")
+        spark.conf.unset("trickle.test.other")
+
+
+def test_settings_read_every_time_when_the_map_is_out_of_reach(spark: Any) -> None:
+    """Another Spark build without the settings map: every read asks the JVM, and still sees each change."""
+    from pipeline.session_conf import SessionSettings, jvm_session
+
+    kept = SessionSettings(jvm_session(spark))
+    kept._map = False  # noqa: SLF001 - what a failed lookup of the map leaves
+    try:
+        spark.conf.set("trickle.test.kept", "1")
+        assert kept.own().get("trickle.test.kept") == "1"
+        spark.conf.set("trickle.test.kept", "2")
+        assert kept.own().get("trickle.test.kept") == "2"
+    finally:
+        spark.conf.unset("trickle.test.kept")
