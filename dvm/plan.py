@@ -349,8 +349,11 @@ class Plan:
         """Every column of the stream table in table order (what :meth:`full_sql` writes): ``__row_id``, the
         user columns, the layout's other hidden columns. Change rows carry these plus ``__del`` (see the
         module docstring)."""
-        hidden = self.hidden_columns()
-        return hidden[:1] + list(self.names) + hidden[1:]
+        kept = self.__dict__.get("_stored_columns")  # rendered once per plan: a refresh asks twice or more,
+        if kept is None:  # and the aggregates' state columns are named through sqlglot (0.1 ms each time)
+            hidden = self.hidden_columns()
+            kept = self.__dict__["_stored_columns"] = tuple(hidden[:1] + list(self.names) + hidden[1:])
+        return list(kept)
 
     # --- shared pieces ---
 

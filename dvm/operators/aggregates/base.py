@@ -52,6 +52,8 @@ class AggCall:
     ordinal: int  # position among the aggregate's calls; names the hidden state columns
     distinct: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    _rendered: dict[int, tuple[exp.Expression, str]] = field(default_factory=dict, init=False, repr=False,
+                                                             compare=False)
 
     #: strategy family shown by ``explain``: algebraic | semi-algebraic | group rescan
     family: ClassVar[str] = "group rescan"
@@ -63,8 +65,13 @@ class AggCall:
         return self.args[0] if self.args else None
 
     def a(self, i: int = 0) -> str:
-        """Argument ``i`` as Spark SQL."""
-        return spark(self.args[i])
+        """Argument ``i`` as Spark SQL; rendered once per argument expression (every refresh renders the
+        delta rules again, and sqlglot's generator cost each call 30 us)."""
+        arg = self.args[i]
+        kept = self._rendered.get(i)
+        if kept is None or kept[0] is not arg:
+            kept = self._rendered[i] = (arg, spark(arg))
+        return kept[1]
 
     @property
     def p(self) -> str:
