@@ -385,7 +385,7 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array,
     indexes.limit(index_bytes)
     base = os.path.abspath(root)  # once: per file it cost a table of a few hundred files 0.15 ms per refresh
     keys = {rel: _key_at(base, rel, int(add["size"])) for rel, add in files.items()}
-    indexes.retain(os.path.join(os.path.abspath(root), ""), set(keys.values()))
+    indexes.retain(os.path.join(base, ""), set(keys.values()))
 
     def scan(rel: str, index: hash_index.FileIndex | None) -> hash_index.Found | None:
         add, key = files[rel], keys[rel]

@@ -116,8 +116,6 @@ class Refresher:
         self._thread = threading.local()
         #: the session's trickle.* settings, read again only when they changed (see pipeline.session_conf)
         self._settings: SessionSettings | None = None
-        #: the source columns each plan reads, by plan (see :meth:`_read_columns`)
-        self._reads: dict[int, tuple[dvm.Plan, dict[str, set[str]]]] = {}
         #: how a member of a cycle of stream tables is refreshed: with its whole cycle, to a fixpoint
         #: (:func:`pipeline.cycles.refresh_component`, installed by :class:`pipeline.api.StreamTables`, which
         #: creates cycles; the refresh path itself knows only this contract)
@@ -132,10 +130,9 @@ class Refresher:
     @contextmanager
     def _conf_reads(self) -> Iterator[None]:
         outer = getattr(self._thread, "conf", None)
-        jsession = jvm_session(self.spark)
-        if jsession is not None and self._settings is None:
+        if self._settings is None and (jsession := jvm_session(self.spark)) is not None:
             self._settings = SessionSettings(jsession)
-        self._thread.conf = ConfReads(self.spark.conf, jsession, self._settings)
+        self._thread.conf = ConfReads(self.spark.conf, self._settings)
         try:
             yield
         finally:
@@ -497,7 +494,7 @@ class Refresher:
             plan = self.plan(d, windows)
         except Exception:  # noqa: BLE001 - unknown: every column counts as read
             plan = None
-        read = self._read_columns(plan)
+        read = source_schema.read_columns(plan.root) if plan is not None else {}
         star = source_schema.selects_star(d.maintained_query, d.dialect)
         seen = {key: source_schema.record(w.meta.schema_json, read.get(key), star)
                 for key, w in windows.items()
@@ -507,17 +504,6 @@ class Refresher:
         fresh = self.catalog.get(d.name)
         fresh.source_schema = d.source_schema = seen
         self.catalog.put(fresh)
-
-    def _read_columns(self, plan: dvm.Plan | None) -> dict[str, set[str]]:
-        """The source columns ``plan`` reads (see :func:`source_schema.read_columns`), walked once per plan."""
-        if plan is None:
-            return {}
-        kept = self._reads.get(id(plan))
-        if kept is None or kept[0] is not plan:
-            if len(self._reads) >= 256:  # plans replaced over a long run (schema changes, ALTER QUERY)
-                self._reads.clear()
-            kept = self._reads[id(plan)] = (plan, source_schema.read_columns(plan.root))
-        return kept[1]
 
     def context(self, d: StreamTableDef, pre: dict[str, int] | None, post: dict[str, int],
                 windows: dict[str, SourceWindow] | None = None, salt: str | None = None,

@@ -75,13 +75,12 @@ class SessionSettings:
 
 class ConfReads:
     """A Spark ``RuntimeConfig`` whose ``get`` asks the JVM once per refresh for every ``trickle.*`` key, and
-    once per key and default for any other. ``settings``: the session's kept :class:`SessionSettings` (by
-    default a new one for ``jsession``; None for both: Spark Connect, every key asked for on its own)."""
+    once per key and default for any other. ``settings``: the session's kept :class:`SessionSettings`; None
+    (Spark Connect, no JVM session here): every key asked for on its own."""
 
-    def __init__(self, conf: Any, jsession: Any = None, settings: SessionSettings | None = None) -> None:
+    def __init__(self, conf: Any, settings: SessionSettings | None) -> None:
         self._conf = conf
-        self._session = settings if settings is not None else (
-            SessionSettings(jsession) if jsession is not None else None)
+        self._session = settings
         self._own: dict[str, str] | None = None
         self._seen: dict[tuple[str, Any], Any] = {}
 

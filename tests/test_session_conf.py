@@ -8,14 +8,14 @@ from typing import Any
 
 
 def test_one_round_trip_reads_what_spark_conf_answers(spark: Any) -> None:
-    from pipeline.session_conf import ConfReads, jvm_session
+    from pipeline.session_conf import ConfReads, SessionSettings, jvm_session
 
     odd = "a -> b, (c) \n d"
     spark.conf.set("trickle.test.odd", odd)
     spark.conf.set("trickle.test.n", "7")
     spark.conf.set("trickle.test.later", "before")
     try:
-        reads = ConfReads(spark.conf, jvm_session(spark))
+        reads = ConfReads(spark.conf, SessionSettings(jvm_session(spark)))
         assert reads.get("trickle.test.odd") == odd == spark.conf.get("trickle.test.odd")
         assert reads.get("trickle.test.n", "1") == "7"
         assert reads.get("trickle.test.unset", "dflt") == "dflt"
@@ -27,7 +27,7 @@ def test_one_round_trip_reads_what_spark_conf_answers(spark: Any) -> None:
         # one round trip for every trickle.* key: one not asked for until now was read with the first
         spark.conf.set("trickle.test.later", "after")
         assert reads.get("trickle.test.later") == "before"
-        assert ConfReads(spark.conf, jvm_session(spark)).get("trickle.test.n", "1") == "8"
+        assert ConfReads(spark.conf, SessionSettings(jvm_session(spark))).get("trickle.test.n", "1") == "8"
         # Spark Connect (no JVM session): every key asked for on its own
         assert ConfReads(spark.conf, None).get("trickle.test.n") == "8"
     finally:
