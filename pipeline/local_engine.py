@@ -59,6 +59,7 @@ import math
 import re
 import struct
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -381,6 +382,49 @@ def _copies(node: Any) -> bool:
             and isinstance(end, exp.Column) and end.name == "__dw" and node.args.get("step") is None)
 
 
+#: Spark SQL parsed, by its text with the refresh's run id replaced by :data:`_RUN_ID_STAND_IN`, most recently
+#: used last (see :func:`_parsed`)
+_PARSED: OrderedDict[str, Any] = OrderedDict()
+_PARSED_MAX = 64
+_PARSED_LOCK = threading.Lock()
+_RUN_ID_STAND_IN = "trickle0run0id"
+
+
+def _parsed(sql: str, run_id: str) -> Any:
+    """``sql`` parsed as Spark SQL: a tree of the caller's own, to change at will.
+
+    Why kept: a refresh's delta SQL is the previous refresh's text but for the run id in its fixpoints'
+    relation names (``dvm.Context.run_id``), and sqlglot's parse of it was 4 ms of a 31 ms aggregate delta
+    (a copy of the kept tree: 0.8 ms; docs/BENCHMARKS.md, "Session 47"). The run id goes back into every
+    string of the copy that holds the stand-in; a text that holds the stand-in itself is parsed as it is."""
+    import sqlglot
+
+    from dvm import SPARK
+
+    if not run_id or _RUN_ID_STAND_IN in sql:
+        return sqlglot.parse_one(sql, read=SPARK)
+    key = sql.replace(run_id, _RUN_ID_STAND_IN)
+    with _PARSED_LOCK:
+        kept = _PARSED.get(key)
+        if kept is not None:
+            _PARSED.move_to_end(key)
+    if kept is None:
+        kept = sqlglot.parse_one(key, read=SPARK)
+        with _PARSED_LOCK:
+            _PARSED[key] = kept
+            while len(_PARSED) > _PARSED_MAX:
+                _PARSED.popitem(last=False)
+    tree = kept.copy()
+    if key != sql:
+        for node in tree.walk():
+            for name, value in node.args.items():
+                if isinstance(value, str) and _RUN_ID_STAND_IN in value:
+                    node.set(name, value.replace(_RUN_ID_STAND_IN, run_id))
+            if node.comments:
+                node.comments = [c.replace(_RUN_ID_STAND_IN, run_id) for c in node.comments]
+    return tree
+
+
 class _Translator:
     """Spark SQL of one refresh to DuckDB SQL over the relations :class:`LocalEngine` registered."""
 
@@ -397,11 +441,7 @@ class _Translator:
                           exp.Length, exp.Window, exp.Join)
 
     def __call__(self, sql: str) -> str:
-        import sqlglot
-
-        from dvm import SPARK
-
-        tree = sqlglot.parse_one(sql, read=SPARK)
+        tree = _parsed(sql, self.engine.ctx.run_id)
         targets = []  # one walk: the check, and the nodes the later steps look at
         for node in tree.walk():
             self._check(node)
@@ -453,11 +493,7 @@ class _Translator:
 
     def outputs(self, sql: str) -> dict[str, Any] | None:
         """Spark's types of the columns of query ``sql`` (a held relation's seed)."""
-        import sqlglot
-
-        from dvm import SPARK
-
-        tree = sqlglot.parse_one(sql, read=SPARK)
+        tree = _parsed(sql, self.engine.ctx.run_id)
         for table in tree.find_all(self.exp.Table):
             self.engine.declare(table)
         return spark_types.Scopes(self.engine.types).outputs(tree, {})

@@ -25,6 +25,7 @@ class _Ctx:
     fixpoints: list[Any] = []
     key_filters: list[Any] = []
     target_path = None
+    run_id = "0123456789ab"
 
 
 def _duck_rows(sql: str, table: Any, types: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
@@ -456,3 +457,26 @@ def test_a_refresh_with_integral_division_by_duckdb(spark: Any, st: Any, tmp_pat
     r = st.refresh_stream_table("le_div")
     assert r.action == "DIFFERENTIAL" and "delta computed by duckdb" in (r.apply or ""), r.apply
     assert_matches(spark, st, "le_div", q)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT a.k, SUM(a.v) AS s FROM global_temp.__trickle_fx_0123456789ab_0 AS a "
+    "JOIN global_temp.__trickle_fx_0123456789ab_1 b ON a.k = b.k WHERE a.s <> '0123456789ab' GROUP BY a.k",
+    "SELECT /*+ BROADCAST(__trickle_fx_0123456789ab_0) */ * FROM global_temp.__trickle_fx_0123456789ab_0",
+    "SELECT 'trickle0run0id' AS t FROM global_temp.__trickle_fx_0123456789ab_0",  # the stand-in itself
+    "SELECT * FROM table_changes_by_path('/p/0123456789ab', 3, 4)",
+])
+def test_parsed_trees_are_fresh_parses(sql: str) -> None:
+    """The kept parse of a delta's text (``local_engine._parsed``): each call a tree of its own that equals a
+    fresh parse of the text with its own run id, in Spark's and DuckDB's SQL, also after an earlier caller
+    changed its copy, and for a text of another run id."""
+    import sqlglot
+
+    from dvm import SPARK
+
+    other = sql.replace("0123456789ab", "ba9876543210")
+    for text, run_id in ((sql, "0123456789ab"), (sql, "0123456789ab"), (other, "ba9876543210")):
+        tree, fresh = local_engine._parsed(text, run_id), sqlglot.parse_one(text, read=SPARK)  # noqa: SLF001
+        assert tree == fresh and tree.sql(SPARK, comments=True) == fresh.sql(SPARK, comments=True)
+        assert tree.sql("duckdb") == fresh.sql("duckdb")
+        tree.find(sqlglot.exp.Table).set("this", sqlglot.exp.to_identifier("changed"))
