@@ -46,6 +46,7 @@ from connectors.storage import local_path
 from dvm import Context, SourceRef, plain_rows_sql, quote
 from pipeline import (
     fixpoints,
+    heap,
     history,
     local_engine,
     plain_rows,
@@ -240,7 +241,9 @@ class Refresher:
             t0 = time.perf_counter()
             try:
                 with self._conf_reads():
-                    return self._refresh(d, started, t0, pin)
+                    result = self._refresh(d, started, t0, pin)
+                    heap.settle(self.conf)
+                    return result
             except _Inconsistent:
                 raise
             except Exception as e:
