@@ -1,17 +1,23 @@
-"""The Python heap of a refreshing process, kept out of the garbage collector's full passes.
+"""The Python garbage collector of a refreshing process: the import-time heap frozen, young garbage left to die.
 
-Why: once Spark, sqlglot, DuckDB, delta-rs and Arrow are imported, a refreshing process tracks ~150K Python
-objects (modules, functions, types, their dicts) that never become garbage. A delta's sqlglot trees are
-reference cycles (every node points to its parent) that only the collector frees; those a young-generation
-pass finds still in use are promoted, and pile up until a full pass, which scans the whole heap: 30-100 ms
-every dozen small refreshes on the benchmark machine, turning a 50 ms refresh into 130-220 ms
-(docs/BENCHMARKS.md, "Session 47"). So after the process's first refresh, everything then alive is
-collected once and frozen (``gc.freeze``): later full passes scan only what was made since.
+Why: a refresh makes thousands of sqlglot nodes (the delta's SQL parsed, translated, generated), and every
+node points to its parent, so they are reference cycles that only the collector frees. With Python's default
+thresholds (700, 10, 10) a young pass runs every 700 allocations, in the middle of each refresh: the trees
+then in use are promoted, die in the oldest generation, and pile up until a full pass scans it, with the
+~100K objects that importing Spark, sqlglot, DuckDB, delta-rs and Arrow leaves behind (modules, functions,
+types, none ever garbage). The floor benchmark's process spent 1.1 s collecting over 175 small refreshes, in
+pauses of 20-100 ms that turned 50 ms refreshes into 100-220 ms ones (docs/BENCHMARKS.md, "Session 47").
 
-The cost: an object alive at that moment that becomes cyclic garbage later is never freed, a one-time,
-bounded amount (the garbage of that moment is collected first). ``trickle.refresh.freezeHeap=false``
-(read at each refresh until it froze) leaves the collector alone, e.g. in a notebook that itself holds large
-cyclic structures it drops later.
+So after the process's first refresh, once: everything then alive is collected and frozen (``gc.freeze``:
+never scanned again), and the young generation's threshold goes to 50,000 allocations (20 young passes per
+middle one), so most of a refresh's trees are garbage by the time a pass looks at them and go in a young
+pass. Measured in one floor run each: 390 ms of collection instead of 1.1 s, one full pass instead of 15. A
+process that set its own thresholds keeps them.
+
+The cost: up to 50,000 objects of garbage wait for a pass (a few MB), and an object alive at the freeze that
+becomes cyclic garbage later is never freed (a one-time, bounded amount: the garbage of that moment is
+collected first). ``trickle.refresh.tuneGarbageCollector=false`` (read at each refresh until applied) leaves
+the collector alone, e.g. in a notebook that itself builds and drops large cyclic structures.
 """
 
 from __future__ import annotations
@@ -20,22 +26,28 @@ import gc
 import threading
 from typing import Any
 
-#: Spark conf: freeze the heap after the process's first refresh (default true; see the module docstring)
-FREEZE = "trickle.refresh.freezeHeap"
+#: Spark conf: tune the collector after the process's first refresh (default true; see the module docstring)
+TUNE = "trickle.refresh.tuneGarbageCollector"
+#: Python's own thresholds: only these are replaced
+DEFAULT_THRESHOLDS = (700, 10, 10)
+THRESHOLDS = (50_000, 20, 10)
 
-_frozen = False
+_settled = False
 _lock = threading.Lock()
 
 
 def settle(conf: Any) -> bool:
-    """Collect and freeze the heap, once per process, unless ``conf`` turns it off; whether it froze now."""
-    global _frozen
-    if _frozen or str(conf.get(FREEZE, "true")).strip().lower() == "false":
+    """Collect, freeze and set the thresholds, once per process, unless ``conf`` turns it off; whether it did
+    so now."""
+    global _settled
+    if _settled or str(conf.get(TUNE, "true")).strip().lower() == "false":
         return False
     with _lock:
-        if _frozen:
+        if _settled:
             return False
         gc.collect()
         gc.freeze()
-        _frozen = True
+        if gc.get_threshold() == DEFAULT_THRESHOLDS:
+            gc.set_threshold(*THRESHOLDS)
+        _settled = True
     return True
