@@ -396,12 +396,15 @@ def _parsed(sql: str, run_id: str) -> Any:
     Why kept: a refresh's delta SQL is the previous refresh's text but for the run id in its fixpoints'
     relation names (``dvm.Context.run_id``), and sqlglot's parse of it was 4 ms of a 31 ms aggregate delta
     (a copy of the kept tree: 0.8 ms; docs/BENCHMARKS.md, "Session 47"). The run id goes back into every
-    string of the copy that holds the stand-in; a text that holds the stand-in itself is parsed as it is."""
+    string of the copy that holds the stand-in. A text where the run id occurs anywhere but right after
+    ``__trickle_fx_`` or ``__trickle_keys_`` (a run id of digits only inside a number, say), or that holds the
+    stand-in itself, is parsed as it is: there the stand-in could change what the text's tokens are."""
     import sqlglot
 
     from dvm import SPARK
 
-    if not run_id or _RUN_ID_STAND_IN in sql:
+    if not run_id or _RUN_ID_STAND_IN in sql or sql.count(run_id) != len(
+            re.findall(r"__trickle_(?:fx|keys)_" + re.escape(run_id), sql)):
         return sqlglot.parse_one(sql, read=SPARK)
     key = sql.replace(run_id, _RUN_ID_STAND_IN)
     with _PARSED_LOCK:
@@ -417,7 +420,7 @@ def _parsed(sql: str, run_id: str) -> Any:
     tree = kept.copy()
     if key != sql:
         for node in tree.walk():
-            for name, value in node.args.items():
+            for name, value in list(node.args.items()):
                 if isinstance(value, str) and _RUN_ID_STAND_IN in value:
                     node.set(name, value.replace(_RUN_ID_STAND_IN, run_id))
             if node.comments:

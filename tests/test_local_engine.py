@@ -480,3 +480,15 @@ def test_parsed_trees_are_fresh_parses(sql: str) -> None:
         assert tree == fresh and tree.sql(SPARK, comments=True) == fresh.sql(SPARK, comments=True)
         assert tree.sql("duckdb") == fresh.sql("duckdb")
         tree.find(sqlglot.exp.Table).set("this", sqlglot.exp.to_identifier("changed"))
+
+
+def test_parsed_run_id_elsewhere_is_parsed_as_is() -> None:
+    """A run id of digits only that also occurs inside a number: the number stays a number (the text is not
+    kept with a stand-in there)."""
+    import sqlglot
+
+    from dvm import SPARK
+
+    sql = "SELECT * FROM global_temp.__trickle_fx_123456789012_0 WHERE id = 91234567890123"
+    tree = local_engine._parsed(sql, "123456789012")  # noqa: SLF001
+    assert tree == sqlglot.parse_one(sql, read=SPARK) and tree.sql("duckdb").endswith("id = 91234567890123")
