@@ -459,17 +459,19 @@ def test_a_refresh_with_integral_division_by_duckdb(spark: Any, st: Any, tmp_pat
     assert_matches(spark, st, "le_div", q)
 
 
-@pytest.mark.parametrize("sql", [
-    "SELECT a.k, SUM(a.v) AS s FROM global_temp.__trickle_fx_0123456789ab_0 AS a "
-    "JOIN global_temp.__trickle_fx_0123456789ab_1 b ON a.k = b.k WHERE a.s <> '0123456789ab' GROUP BY a.k",
-    "SELECT /*+ BROADCAST(__trickle_fx_0123456789ab_0) */ * FROM global_temp.__trickle_fx_0123456789ab_0",
-    "SELECT 'trickle0run0id' AS t FROM global_temp.__trickle_fx_0123456789ab_0",  # the stand-in itself
-    "SELECT * FROM table_changes_by_path('/p/0123456789ab', 3, 4)",
+@pytest.mark.parametrize(("sql", "kept"), [
+    ("SELECT a.k, SUM(a.v) AS s FROM global_temp.__trickle_fx_0123456789ab_0 AS a "
+     "JOIN global_temp.__trickle_fx_0123456789ab_1 b ON a.k = b.k WHERE a.s <> 'x' GROUP BY a.k", True),
+    ("SELECT /*+ BROADCAST(__trickle_fx_0123456789ab_0) */ * FROM global_temp.__trickle_fx_0123456789ab_0", True),
+    # the run id elsewhere (a string), or the stand-in itself in the text: parsed as it is, not kept
+    ("SELECT * FROM global_temp.__trickle_fx_0123456789ab_0 WHERE s <> '0123456789ab'", False),
+    ("SELECT 'trickle0run0id' AS t FROM global_temp.__trickle_fx_0123456789ab_0", False),
+    ("SELECT * FROM table_changes_by_path('/p/0123456789ab', 3, 4)", False),
 ])
-def test_parsed_trees_are_fresh_parses(sql: str) -> None:
+def test_parsed_trees_are_fresh_parses(sql: str, kept: bool) -> None:
     """The kept parse of a delta's text (``local_engine._parsed``): each call a tree of its own that equals a
     fresh parse of the text with its own run id, in Spark's and DuckDB's SQL, also after an earlier caller
-    changed its copy, and for a text of another run id."""
+    changed its copy, and for a text of another run id; kept only where the run id is in the relation names."""
     import sqlglot
 
     from dvm import SPARK
@@ -479,6 +481,7 @@ def test_parsed_trees_are_fresh_parses(sql: str) -> None:
         tree, fresh = local_engine._parsed(text, run_id), sqlglot.parse_one(text, read=SPARK)  # noqa: SLF001
         assert tree == fresh and tree.sql(SPARK, comments=True) == fresh.sql(SPARK, comments=True)
         assert tree.sql("duckdb") == fresh.sql("duckdb")
+        assert (text.replace(run_id, local_engine._RUN_ID_STAND_IN) in local_engine._PARSED) == kept  # noqa: SLF001
         tree.find(sqlglot.exp.Table).set("this", sqlglot.exp.to_identifier("changed"))
 
 
