@@ -60,7 +60,8 @@ import re
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from connectors import delta_rs, vector_reads
@@ -723,29 +724,70 @@ _FX_TABLE = re.compile(r"^__trickle_fx_")
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
-#: one in-memory DuckDB database per spill limit for the whole process, with the UDFs the translation calls
-_DATABASES: dict[int, Any] = {}
+#: DuckDB's worker threads (its own thread included) for a statement reading more than
+#: :data:`SMALL_INPUT_BYTES`; one below it
+THREADS = 2
+#: bytes of input (Delta files of the snapshots read, Arrow bytes of the change windows) up to which a
+#: statement runs on DuckDB's calling thread alone. Why: on a few thousand rows a second worker has nothing
+#: to split, and the worker DuckDB keeps busy between and after the statement's tasks takes the core the
+#: refresh's own work runs on: with one thread, the floor benchmark's aggregate delta (20-30 KB of input)
+#: took 26.3 instead of 28.5 ms and the commit and bookkeeping after it 5.0 instead of 6.6 ms. A join and
+#: aggregate over Arrow took 20% less with one thread at 250 KB of input, 7% more at 2.5 MB, 68% more at
+#: 25 MB (docs/BENCHMARKS.md, session 48)
+SMALL_INPUT_BYTES = 1 << 20
+
+
+class _Database:
+    """The process's DuckDB database for one spill limit, with the UDFs the translation calls, and how many
+    worker threads it runs now. DuckDB's thread count is the database's, not a connection's (``SET threads``
+    is refused locally), so it is changed only when the wanted count differs, and never lowered while a
+    statement that wanted more runs (:meth:`fitted`)."""
+
+    def __init__(self, spill_bytes: int) -> None:
+        import tempfile
+
+        import duckdb
+
+        self.con = duckdb.connect(config={"threads": THREADS,
+                                          "temp_directory": f"{tempfile.gettempdir()}/trickle-duckdb",
+                                          "max_temp_directory_size": f"{spill_bytes}B"})
+        for name, fn, args, out in (
+                ("__trickle_h", _hash_udf, ["VARCHAR", "VARCHAR", "BIGINT", "VARCHAR"], "BIGINT"),
+                ("__trickle_div", _divide_udf, ["VARCHAR", "VARCHAR", "INTEGER"], "VARCHAR"),
+                ("__trickle_ok", _guard_udf, ["VARCHAR", "VARCHAR", "VARCHAR"], "BOOLEAN")):
+            self.con.create_function(name, fn, args, out, type="arrow", side_effects=False, null_handling="special")
+        self.threads = THREADS
+        self._large = 0  # statements running that read more than SMALL_INPUT_BYTES
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def fitted(self, cursor: Any, input_bytes: int) -> Iterator[None]:
+        """Run the block (a statement on ``cursor`` and the fetch of its rows) with the threads its input
+        calls for. The count only changes how fast DuckDB works, never what it answers, so a statement that
+        started under another count is still right."""
+        large = input_bytes > SMALL_INPUT_BYTES
+        with self._lock:
+            self._large += large
+            want = THREADS if self._large else 1
+            if want != self.threads:
+                cursor.execute(f"SET threads = {want}")
+                self.threads = want
+        try:
+            yield
+        finally:
+            if large:
+                with self._lock:
+                    self._large -= 1
+
+
+#: the process's databases, one per spill limit
+_DATABASES: dict[int, _Database] = {}
 _DATABASES_LOCK = threading.Lock()
 
 
-def _database(spill_bytes: int) -> Any:
-    import tempfile
-
-    import duckdb
-
-    con = duckdb.connect(config={"threads": 2, "temp_directory": f"{tempfile.gettempdir()}/trickle-duckdb",
-                                 "max_temp_directory_size": f"{spill_bytes}B"})
-    con.create_function("__trickle_h", _hash_udf, ["VARCHAR", "VARCHAR", "BIGINT", "VARCHAR"], "BIGINT",
-                        type="arrow", side_effects=False, null_handling="special")
-    con.create_function("__trickle_div", _divide_udf, ["VARCHAR", "VARCHAR", "INTEGER"], "VARCHAR",
-                        type="arrow", side_effects=False, null_handling="special")
-    con.create_function("__trickle_ok", _guard_udf, ["VARCHAR", "VARCHAR", "VARCHAR"], "BOOLEAN",
-                        type="arrow", side_effects=False, null_handling="special")
-    return con
-
-
-def connection(spill_bytes: int = 4 << 30) -> Any:
-    """A new DuckDB connection of its own (close it after use) to the process's database.
+def database(spill_bytes: int = 4 << 30) -> _Database:
+    """The process's DuckDB database for ``spill_bytes``; take a connection of its own with ``.con.cursor()``
+    (close it after use).
 
     Why shared: opening a database costs 12-17 ms and closing it 3 ms, a fifth of a small refresh computed
     here (the floor benchmark: 60-80 ms); a connection to an open one costs 1.5 ms. Nothing of a refresh
@@ -756,8 +798,8 @@ def connection(spill_bytes: int = 4 << 30) -> Any:
     with _DATABASES_LOCK:
         base = _DATABASES.get(spill_bytes)
         if base is None:
-            base = _DATABASES[spill_bytes] = _database(spill_bytes)
-        return base.cursor()
+            base = _DATABASES[spill_bytes] = _Database(spill_bytes)
+        return base
 
 
 class LocalEngine:
@@ -767,7 +809,9 @@ class LocalEngine:
                  max_bytes: int = 1 << 30, spill_bytes: int = 4 << 30) -> None:
         self.spark, self.ctx, self.read_version = spark, ctx, read_version
         self.max_change_rows, self.max_bytes, self.bytes = max_change_rows, max_bytes, 0
-        self.con = connection(spill_bytes)
+        self.input_bytes = 0  # of the relations registered so far: snapshots' Delta files, windows' Arrow
+        self.db = database(spill_bytes)
+        self.con = self.db.con.cursor()
         #: Spark's column types of each relation the queries read, by the name a FROM item gives it
         self.types: dict[str, dict[str, Any]] = {}
         self._checked: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -839,6 +883,7 @@ class LocalEngine:
             if size is None:
                 raise Unsupported(f"the size of {path} at version {version} is unknown", lasting=False)
             self.bytes += size
+            self.input_bytes += size
             if self.bytes > self.max_bytes:
                 raise Unsupported(f"the snapshots read total more than {self.max_bytes} bytes ({MAX_BYTES})",
                                   lasting=False)
@@ -866,6 +911,7 @@ class LocalEngine:
             if table is None:
                 raise Unsupported(f"the change window {first}..{last} of {path} is too large or unreadable",
                                   lasting=False)
+            self.input_bytes += table.nbytes
             # no _commit_timestamp, as when the driver reads a window for Spark (pipeline.fixpoints)
             return table.select([c for c in table.column_names if c != "_commit_timestamp"])
 
@@ -905,7 +951,8 @@ class LocalEngine:
             if token not in self.predicates:
                 q = self.translate(f"SELECT DISTINCT {spec.key} AS k FROM {spec.held} "
                                    f"WHERE {spec.key} IS NOT NULL LIMIT {key_filter.MAX_KEYS + 1}")
-                keys = [r[0] for r in self.con.execute(q).fetchall()]
+                with self.db.fitted(self.con, self.input_bytes):
+                    keys = [r[0] for r in self.con.execute(q).fetchall()]
                 self.predicates[token] = key_filter.predicate(keys, spec.column)
             sql = sql.replace(token, self.predicates[token])
         return sql
@@ -925,9 +972,12 @@ class LocalEngine:
             # a source read stays lazy (scanned where referenced, filters pushed into it); a computed one is
             # evaluated once
             kind = "VIEW" if spec.reads_source() else "TABLE"
-            self.con.execute(f"CREATE TEMP {kind} {_q(view)} AS {seed}")
-        result = self.con.sql(self.translate(self.bind(sql)))
-        return _spark_types(result.to_arrow_table(), [str(t) for t in result.types])
+            with self.db.fitted(self.con, self.input_bytes):
+                self.con.execute(f"CREATE TEMP {kind} {_q(view)} AS {seed}")
+        query = self.translate(self.bind(sql))
+        with self.db.fitted(self.con, self.input_bytes):
+            result = self.con.sql(query)
+            return _spark_types(result.to_arrow_table(), [str(t) for t in result.types])
 
     @staticmethod
     def _netted(spec: Fixpoint, sql: str) -> str:

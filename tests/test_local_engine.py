@@ -495,3 +495,30 @@ def test_parsed_run_id_elsewhere_is_parsed_as_is() -> None:
     sql = "SELECT * FROM global_temp.__trickle_fx_123456789012_0 WHERE id = 91234567890123"
     tree = local_engine._parsed(sql, "123456789012")  # noqa: SLF001
     assert tree == sqlglot.parse_one(sql, read=SPARK) and tree.sql("duckdb").endswith("id = 91234567890123")
+
+
+def test_threads_follow_the_statements_input() -> None:
+    """A statement over little input runs on DuckDB's calling thread alone, one over more with
+    ``THREADS``; while a large one runs, a small one does not take its threads away (DuckDB's count is the
+    database's, shared by every connection), and afterwards small statements are back on one thread."""
+    db = local_engine._Database(1 << 30)  # noqa: SLF001 - a database of its own, not the process's shared one
+    small, large = db.con.cursor(), db.con.cursor()
+
+    def threads(c: Any) -> int:
+        return int(c.execute("SELECT current_setting('threads')").fetchone()[0])
+
+    try:
+        assert local_engine.THREADS > 1
+        with db.fitted(small, 20_000):
+            assert threads(small) == 1
+        with db.fitted(large, local_engine.SMALL_INPUT_BYTES + 1):
+            assert threads(large) == local_engine.THREADS
+            with db.fitted(small, 20_000):
+                assert threads(small) == local_engine.THREADS
+            assert threads(large) == local_engine.THREADS
+        with db.fitted(small, local_engine.SMALL_INPUT_BYTES):
+            assert threads(small) == 1
+    finally:
+        small.close()
+        large.close()
+        db.con.close()
