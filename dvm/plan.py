@@ -365,9 +365,13 @@ class Plan:
     def _user_select(self, types: list[str], deleted: str | None = None) -> str:
         """User columns from the keyed top's projection, cast to the query's own result types."""
         assert self.keyed is not None
+        ids = [id(e) for _, e in self.keyed.project]
+        kept = self.__dict__.get("_project_sql")  # rendered once per plan, as Aggregate.group_sql
+        if kept is None or kept[0] != ids:
+            kept = self.__dict__["_project_sql"] = (ids, [e.sql(SPARK) for _, e in self.keyed.project])
         out = []
-        for (_, e), name, ty in zip(self.keyed.project, self.names, types, strict=True):
-            value = f"CAST({e.sql(SPARK)} AS {ty})"
+        for sql, name, ty in zip(kept[1], self.names, types, strict=True):
+            value = f"CAST({sql} AS {ty})"
             if deleted:
                 value = f"CASE WHEN {deleted} THEN NULL ELSE {value} END"
             out.append(f"{value} AS {quote(name)}")

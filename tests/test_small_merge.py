@@ -221,3 +221,28 @@ def test_a_checkpoint_is_due_every_interval_as_for_spark() -> None:
     assert [v for v in range(13) if delta_rs.checkpoint_due(v, {"delta.checkpointInterval": "4"})] == [4, 8, 12]
     assert not delta_rs.checkpoint_due(10, {"delta.checkpointInterval": "0"})
     assert delta_rs.checkpoint_due(10, {"delta.checkpointInterval": "ten"})  # unreadable: Spark's default
+
+
+def test_file_statistics_bound_every_integer_and_date_column() -> None:
+    """The ``add`` action's statistics (Delta's data skipping reads them): rows, null counts, and exact
+    bounds of integer and date columns, over several chunks, with NULLs, all NULL, and empty."""
+    import datetime
+
+    import pyarrow as pa
+
+    from connectors.own_commit import file_stats
+
+    ints = pa.chunked_array([pa.array([5, -3], pa.int64()), pa.array([1 << 40], pa.int64())])
+    small = pa.chunked_array([pa.array([7, None, -2], pa.int32())])
+    days = pa.chunked_array([pa.array([datetime.date(2001, 5, 1), None, datetime.date(1999, 1, 2)])])
+    table = pa.Table.from_arrays([ints, small, days], names=["l", "i", "d"])
+    doc = json.loads(file_stats(table))
+    assert doc == {"numRecords": 3, "nullCount": {"l": 0, "i": 1, "d": 1},
+                   "minValues": {"l": -3, "i": -2, "d": "1999-01-02"},
+                   "maxValues": {"l": 1 << 40, "i": 7, "d": "2001-05-01"}}
+    nulls = pa.table({"l": pa.array([None, None], pa.int64()), "s": pa.array(["a", None])})
+    assert json.loads(file_stats(nulls)) == {"numRecords": 2, "nullCount": {"l": 2, "s": 1}, "minValues": {},
+                                             "maxValues": {}}
+    empty = pa.table({"l": pa.array([], pa.int64())})
+    assert json.loads(file_stats(empty)) == {"numRecords": 0, "nullCount": {"l": 0}, "minValues": {},
+                                             "maxValues": {}}

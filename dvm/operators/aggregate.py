@@ -74,11 +74,22 @@ class Aggregate(Node):
             return [(None, tuple(range(len(self.groups))))]
         return list(enumerate(self.sets))
 
+    def group_sql(self) -> list[str]:
+        """Each group expression as Spark SQL, rendered once per plan: sqlglot's generator costs 20-40 us a
+        call, and each refresh of a stream table renders its groups four times or more. Rendered again when
+        the groups are other objects (the check is by identity: plans never change an expression in place)."""
+        ids = [id(e) for _, e in self.groups]
+        kept = self.__dict__.get("_group_sql")
+        if kept is None or kept[0] != ids:
+            kept = self.__dict__["_group_sql"] = (ids, [e.sql(SPARK) for _, e in self.groups])
+        return kept[1]
+
     def group_select(self, branch: Branch | None = None) -> str:
         """The key columns of one branch: its group expressions, NULL for keys the set leaves out."""
         ordinal, idx = branch if branch is not None else self.branches()[0]
-        items = [f"{e.sql(SPARK) if i in idx else 'NULL'} AS {quote(n)}"
-                 for i, (n, e) in enumerate(self.groups)]
+        rendered = self.group_sql()
+        items = [f"{rendered[i] if i in idx else 'NULL'} AS {quote(n)}"
+                 for i, (n, _) in enumerate(self.groups)]
         if ordinal is not None:
             items.append(f"CAST({ordinal} AS INT) AS {quote(self.set_col or '')}")
         return ", ".join(items)
@@ -88,12 +99,14 @@ class Aggregate(Node):
         if not idx:
             # a grouping set without keys is still a group: no row when it has no input
             return " HAVING COUNT(*) > 0" if ordinal is not None else ""
-        return " GROUP BY " + ", ".join(self.groups[i][1].sql(SPARK) for i in idx)
+        rendered = self.group_sql()
+        return " GROUP BY " + ", ".join(rendered[i] for i in idx)
 
     def partition(self, branch: Branch) -> str:
         """Window clause body grouping rows like ``branch`` (for per-group pivots over a delta)."""
         _, idx = branch
-        return "PARTITION BY " + ", ".join(self.groups[i][1].sql(SPARK) for i in idx) if idx else ""
+        rendered = self.group_sql()
+        return "PARTITION BY " + ", ".join(rendered[i] for i in idx) if idx else ""
 
     def affected_keys(self, ctx: Context) -> str | None:
         """Distinct group keys occurring in the child's delta (named like the key columns)."""
