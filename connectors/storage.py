@@ -201,10 +201,11 @@ class LocalStorage(Storage):
         shutil.rmtree(_local(path), ignore_errors=True)
 
 
-def write_new(path: str, data: Any) -> None:
+def write_new(path: str, data: Any, sync: bool = False) -> None:
     """Create the local file ``path`` holding ``data`` (anything with the buffer protocol); FileExistsError when
     it exists. Its folder is made only when the create finds it missing: asking first cost a system call per
-    file, and a refresh writes four to six files (data, change data, log entry, history, definition)."""
+    file, and a refresh writes four to six files (data, change data, log entry, history, definition).
+    ``sync``: on disk before it is closed (fsync)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileNotFoundError:
@@ -214,6 +215,8 @@ def write_new(path: str, data: Any) -> None:
         view = memoryview(data).cast("B")
         while view:
             view = view[os.write(fd, view):]
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -147,6 +147,18 @@ def sql_string(value: str) -> str:
 SPARK = TrickleSpark()
 
 
+def rendered_once(owner: Any, slot: str, exprs: list[exp.Expression]) -> list[str]:
+    """``exprs`` as Spark SQL, kept on ``owner`` (a plan or one of its operators) under ``slot``: sqlglot's
+    generator costs 20-40 us a call, and each refresh of a stream table renders the same group and projection
+    expressions several times. Rendered again when ``exprs`` are other objects (checked by identity: a plan
+    never changes an expression in place)."""
+    ids = [id(e) for e in exprs]
+    kept = owner.__dict__.get(slot)
+    if kept is None or kept[0] != ids:
+        kept = owner.__dict__[slot] = (ids, [e.sql(SPARK) for e in exprs])
+    return kept[1]
+
+
 def dialect_of(dialect: DialectType) -> Dialect:
     """The dialect to use for a dialect a caller names: ``"spark"`` (any case) is :data:`SPARK`, any other
     is sqlglot's."""

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from dvm.context import FLOAT_IDENTITIES, FLOAT_IDENTITY, Context, Fixpoint, quote, sql_string
-from dvm.dialect import SPARK
+from dvm.dialect import SPARK, rendered_once
 from dvm.operators import Aggregate, Filter, Node, Project, RecursiveCte, TopK
 from dvm.operators.aggregate import Branch, key_match
 from dvm.operators.base import W, col_list, union_all
@@ -365,12 +365,9 @@ class Plan:
     def _user_select(self, types: list[str], deleted: str | None = None) -> str:
         """User columns from the keyed top's projection, cast to the query's own result types."""
         assert self.keyed is not None
-        ids = [id(e) for _, e in self.keyed.project]
-        kept = self.__dict__.get("_project_sql")  # rendered once per plan, as Aggregate.group_sql
-        if kept is None or kept[0] != ids:
-            kept = self.__dict__["_project_sql"] = (ids, [e.sql(SPARK) for _, e in self.keyed.project])
+        rendered = rendered_once(self, "_project_sql", [e for _, e in self.keyed.project])
         out = []
-        for sql, name, ty in zip(kept[1], self.names, types, strict=True):
+        for sql, name, ty in zip(rendered, self.names, types, strict=True):
             value = f"CAST({sql} AS {ty})"
             if deleted:
                 value = f"CASE WHEN {deleted} THEN NULL ELSE {value} END"

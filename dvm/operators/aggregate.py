@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dvm.context import Context, State, quote
-from dvm.dialect import SPARK
+from dvm.dialect import rendered_once
 from dvm.operators.aggregates import AggCall, share_states
 from dvm.operators.base import Node, consolidate, null_safe_match, union_all
 
@@ -75,14 +75,8 @@ class Aggregate(Node):
         return list(enumerate(self.sets))
 
     def group_sql(self) -> list[str]:
-        """Each group expression as Spark SQL, rendered once per plan: sqlglot's generator costs 20-40 us a
-        call, and each refresh of a stream table renders its groups four times or more. Rendered again when
-        the groups are other objects (the check is by identity: plans never change an expression in place)."""
-        ids = [id(e) for _, e in self.groups]
-        kept = self.__dict__.get("_group_sql")
-        if kept is None or kept[0] != ids:
-            kept = self.__dict__["_group_sql"] = (ids, [e.sql(SPARK) for _, e in self.groups])
-        return kept[1]
+        """Each group expression as Spark SQL, rendered once per plan (see :func:`dvm.dialect.rendered_once`)."""
+        return rendered_once(self, "_group_sql", [e for _, e in self.groups])
 
     def group_select(self, branch: Branch | None = None) -> str:
         """The key columns of one branch: its group expressions, NULL for keys the set leaves out."""
@@ -130,8 +124,8 @@ class Aggregate(Node):
         for b in self.branches():
             ordinal, idx = b
             sel = select if isinstance(select, str) else select(b)
-            on = " AND ".join(f"({self.groups[i][1].sql(SPARK)}) <=> __k.{quote(self.groups[i][0])}"
-                              for i in idx) or "TRUE"
+            rendered = self.group_sql()
+            on = " AND ".join(f"({rendered[i]}) <=> __k.{quote(self.groups[i][0])}" for i in idx) or "TRUE"
             k = keys if ordinal is None else f"SELECT * FROM ({keys}) WHERE {quote(self.set_col or '')} = {ordinal}"
             parts.append(f"SELECT {sel} FROM ({child}) __c LEFT SEMI JOIN ({k}) __k ON {on}{self.group_by(b)}")
         out = union_all(parts)
@@ -173,9 +167,9 @@ class Aggregate(Node):
         return "group rescan of affected groups (nested aggregate)"
 
     def label(self) -> str:
-        g = ", ".join(e.sql(SPARK) for _, e in self.groups) or "()"
+        names = self.group_sql()
+        g = ", ".join(names) or "()"
         if self.sets is not None:
-            names = [e.sql(SPARK) for _, e in self.groups]
             g = f"GROUPING SETS ({', '.join('(' + ', '.join(names[i] for i in s) + ')' for s in self.sets)})"
         if not self.aggs:
             return f"Distinct [{g}]" if self.groups and self.sets is None else f"Aggregate {g}"
