@@ -94,8 +94,23 @@ _LATEST_SEEN: dict[str, int] = {}
 _META_SEEN: dict[str, tuple[int, Any, TableMeta]] = {}
 
 
-#: the log files fetched inside :func:`one_read_per_refresh`: (log folder, file name) -> contents
-_FETCHED: ContextVar[dict[tuple[str, str], bytes | None] | None] = ContextVar("trickle_delta_log_fetched", default=None)
+class _Reads:
+    """What one refresh learnt of immutable log files (see :func:`one_read_per_refresh`), by (log folder, file
+    name) or (log folder, version): their bytes, their signatures, their parsed actions and the metadata at a
+    version. Why the parsed answers too: a refresh asks the same few commits for their actions and metadata
+    from several places (nine times each for a small aggregate), and parsing them again cost 0.4 ms a refresh."""
+
+    __slots__ = ("files", "signatures", "actions", "metadata")
+
+    def __init__(self) -> None:
+        self.files: dict[tuple[str, str], bytes | None] = {}
+        self.signatures: dict[tuple[str, str], Any] = {}
+        self.actions: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        self.metadata: dict[tuple[str, int], TableMeta] = {}
+
+
+#: the log files read inside :func:`one_read_per_refresh`
+_FETCHED: ContextVar[_Reads | None] = ContextVar("trickle_delta_log_fetched", default=None)
 
 #: log files that never change once written: commits, checksums and checkpoints (not ``_last_checkpoint``)
 _IMMUTABLE = re.compile(r"^\d{20}\.(json|crc|checkpoint.*)$")
@@ -111,8 +126,9 @@ def one_read_per_refresh() -> Iterator[None]:
     files never change once written, so the first answer is the answer. A missing commit or checkpoint file is
     not remembered (it may be written meanwhile), a missing checksum file is (delta-rs writes none, and every
     reader of one falls back to the commits when it is missing), and ``_last_checkpoint`` is never kept: it is
-    rewritten."""
-    token = _FETCHED.set({} if _FETCHED.get() is None else _FETCHED.get())
+    rewritten. Their signatures (a missing file's is not kept), their actions and a version's metadata are
+    kept the same way; callers must not modify an answer (they never did: each is read, never written)."""
+    token = _FETCHED.set(_FETCHED.get() or _Reads())
     try:
         yield
     finally:
@@ -137,18 +153,26 @@ class DeltaLog:
     def _signature(self, name: str) -> Any:
         """Size and modification time of a log file, None when missing: commit files are never rewritten,
         so a different signature at the same version means the table was replaced."""
+        reads = _FETCHED.get()
+        key = (self.log_dir, name)
+        if reads is not None and (kept := reads.signatures.get(key)) is not None:
+            return kept
         local = local_path(self.log_dir)
         if local is not None:
             try:
                 st = os.stat(os.path.join(local, name))
             except FileNotFoundError:
                 return None
-            return st.st_size, st.st_mtime_ns
-        fs, hpath = self._fs(name)
-        if not fs.exists(hpath):
-            return None
-        status = fs.getFileStatus(hpath)
-        return status.getLen(), status.getModificationTime()
+            sig: Any = (st.st_size, st.st_mtime_ns)
+        else:
+            fs, hpath = self._fs(name)
+            if not fs.exists(hpath):
+                return None
+            status = fs.getFileStatus(hpath)
+            sig = (status.getLen(), status.getModificationTime())
+        if reads is not None and _IMMUTABLE.match(name):
+            reads.signatures[key] = sig
+        return sig
 
     def commit_signature(self, version: int) -> Any:
         """The signature (see :meth:`_signature`) of the commit file of ``version``: the same signature, the
@@ -156,9 +180,10 @@ class DeltaLog:
         return self._signature(f"{version:020d}.json")
 
     def _read_bytes(self, name: str) -> bytes | None:
-        fetched = _FETCHED.get()
-        if fetched is None or not _IMMUTABLE.match(name):
+        reads = _FETCHED.get()
+        if reads is None or not _IMMUTABLE.match(name):
             return self._fetch(name)
+        fetched = reads.files
         key = (self.log_dir, name)
         if key not in fetched:
             data = self._fetch(name)
@@ -299,10 +324,16 @@ class DeltaLog:
     def actions(self, version: int) -> list[dict[str, Any]]:
         """The actions of one commit (read once per :class:`DeltaLog`: commit files never change)."""
         if version not in self._actions:
-            text = self._read(f"{version:020d}.json")
-            if text is None:
-                self._gone.add(version)
-            self._actions[version] = [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+            reads = _FETCHED.get()
+            kept = reads.actions.get((self.log_dir, version)) if reads is not None else None
+            if kept is None:
+                text = self._read(f"{version:020d}.json")
+                if text is None:
+                    self._gone.add(version)
+                kept = [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+                if reads is not None and text is not None:
+                    reads.actions[(self.log_dir, version)] = kept
+            self._actions[version] = kept
         return self._actions[version]
 
     # --- identity and shape ---
@@ -312,6 +343,16 @@ class DeltaLog:
         (one small read), else from the commits since the last version this process saw (their signature
         proves the log is still the same table's), else by walking back to the newest ``metaData`` action or
         checkpoint. None when the log has no such version."""
+        reads = _FETCHED.get()
+        if reads is None:
+            return self._read_metadata(version)
+        key = (self.log_dir, version)
+        found = reads.metadata.get(key)
+        if found is None and (found := self._read_metadata(version)) is not None:
+            reads.metadata[key] = found
+        return found
+
+    def _read_metadata(self, version: int) -> TableMeta | None:
         crc = self._read(f"{version:020d}.crc")
         if crc:
             try:
