@@ -57,14 +57,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from connectors import files_ahead, hash_index, own_commit
+from connectors import hash_index, own_commit
 from connectors.delta_log import DeltaLog
 from connectors.delta_rs import CommitFailed
-from connectors.storage import local_path, write_fresh
+from connectors.storage import local_path, write_new
 
 _MAGIC = 1681511377
-#: a vector file's name (Delta's): the prefix, the UUID its descriptor encodes, the suffix
-VECTOR_PREFIX, VECTOR_SUFFIX = "deletion_vector_", ".bin"
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 ROW_ID, ROW_HASH = "__row_id", "__row_hash"
 FILE, POSITION = "__file", "__position"
@@ -179,7 +177,7 @@ def _vector_file(root: str, descriptor: dict[str, Any]) -> str:
             raise ValueError(f"deletion vector outside the local file system: {stored}")
         return unquote(local) if stored.startswith("file:") else local
     prefix, encoded = stored[:-20], stored[-20:]
-    name = f"{VECTOR_PREFIX}{uuid.UUID(bytes=unz85(encoded))}{VECTOR_SUFFIX}"
+    name = f"deletion_vector_{uuid.UUID(bytes=unz85(encoded))}.bin"
     return os.path.join(root, prefix, name) if prefix else os.path.join(root, name)
 
 
@@ -232,13 +230,14 @@ def read_vector(root: str, descriptor: dict[str, Any]) -> np.ndarray:
 
 def _write_vectors(root: str, vectors: list[bytes]) -> tuple[str, list[int]]:
     """One vector file holding ``vectors``: its Z85 name and each vector's offset."""
+    ident = uuid.uuid4()
     offsets, at, body = [], 1, bytearray(b"\x01")
     for data in vectors:
         offsets.append(at)
         body += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
         at = len(body)
-    full = os.path.abspath(write_fresh(root, VECTOR_PREFIX, VECTOR_SUFFIX, body))
-    ident = files_ahead.name_uuid(full, VECTOR_PREFIX, VECTOR_SUFFIX)
+    full = os.path.abspath(os.path.join(root, f"deletion_vector_{ident}.bin"))
+    write_new(full, body)
     for data, offset in zip(vectors, offsets, strict=True):
         _keep_vector((full, offset), data)
     return z85(ident.bytes), offsets

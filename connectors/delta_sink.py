@@ -19,7 +19,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from connectors import files_ahead
 from connectors.delta_log import TRICKLE_KEY, DeltaLog
 from dvm import ROW_HASH, ROW_ID, quote
 from dvm.dialect import sql_string
@@ -131,9 +130,7 @@ def collect(spark: Any, source_sql: str, record: dict[str, Any], read_version: i
     session = _session(spark, record, read_version)
     for k, v in {**(INTERPRETED if interpreted else {}), **(conf or {})}.items():
         session.conf.set(k, v)
-    frame = session.sql(source_sql)
-    files_ahead.waiting()
-    return frame.toArrow()
+    return session.sql(source_sql).toArrow()
 
 
 def apply_collected(spark: Any, path: str, rows: Any, strategy: str, engine: str, stored: list[str], update: bool,

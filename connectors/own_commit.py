@@ -20,6 +20,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from typing import Any
 
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 
 from connectors.delta_log import TRICKLE_KEY
 from connectors.delta_rs import CommitFailed
-from connectors.storage import local_path, write_fresh
+from connectors.storage import local_path, write_new
 
 ENGINE = "spark-trickle"
 #: writer features honoured here: change data and vectors are written as Spark writes them, timestamps without
@@ -88,13 +89,15 @@ def file_stats(table: pa.Table) -> str:
 def write_parquet(root: str, folder: str, prefix: str, table: pa.Table) -> tuple[str, int]:
     """Write ``table`` as a new uniquely named file under ``root``/``folder``: its path relative to the root
     (as the log names it) and its size."""
+    rel = f"{folder}{prefix}-{uuid.uuid4()}.c000.snappy.parquet"
+    full = os.path.join(root, rel)
     # encoded in memory, then written by the OS: Arrow's own file output cost a small file about half of its
     # write (0.1 of 0.23 ms)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="snappy")
     data = sink.getvalue()
-    full = write_fresh(os.path.join(root, folder), f"{prefix}-", ".c000.snappy.parquet", data)
-    return folder + os.path.basename(full), data.size
+    write_new(full, data)
+    return rel, data.size
 
 
 #: rows of the data files written here, by absolute path, newest last (see :func:`written_rows`), with their
@@ -187,7 +190,9 @@ def commit(root: str, read_version: int, actions: list[dict[str, Any]], operatio
 def put_if_absent(target: str, text: str) -> None:
     """Create ``target`` with ``text`` unless it exists (another writer's commit): a hard link of a finished
     temporary file, atomic on POSIX file systems."""
-    temp = write_fresh(os.path.dirname(target), ".", ".tmp", text.encode("utf-8"), sync=True)
+    folder = os.path.dirname(target)
+    temp = os.path.join(folder, f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
+    write_new(temp, text.encode("utf-8"), sync=True)
     try:
         os.link(temp, target)
     except FileExistsError as e:

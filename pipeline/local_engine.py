@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from connectors import delta_rs, files_ahead, vector_reads
+from connectors import delta_rs, vector_reads
 from connectors.delta_log import DeltaLog
 from connectors.storage import local_path
 from dvm import PREV, Context, Fixpoint, key_filter
@@ -975,7 +975,6 @@ class LocalEngine:
             with self.db.fitted(self.con, self.input_bytes):
                 self.con.execute(f"CREATE TEMP {kind} {_q(view)} AS {seed}")
         query = self.translate(self.bind(sql))
-        files_ahead.waiting()
         with self.db.fitted(self.con, self.input_bytes):
             result = self.con.sql(query)
             return _spark_types(result.to_arrow_table(), [str(t) for t in result.types])

@@ -40,15 +40,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 import dvm
-from connectors import (
-    deletion_vectors,
-    delta_errors,
-    delta_log,
-    delta_rs,
-    delta_sink,
-    files_ahead,
-    own_commit,
-)
+from connectors import deletion_vectors, delta_errors, delta_log, delta_rs, delta_sink, own_commit
 from connectors.delta_log import DeltaLog, SourceWindow
 from connectors.storage import local_path
 from dvm import Context, SourceRef, plain_rows_sql, quote
@@ -122,9 +114,6 @@ class Refresher:
         #: why DuckDB cannot compute a table's delta, by (name, defining query): no second try (a reason that
         #: depends on the data, e.g. a change window too large, is not kept)
         self._local_refused: dict[tuple[str, str, str], str] = {}
-        #: the new files each table's last differential refresh created, made ahead by its next one while the
-        #: delta runs (see :mod:`connectors.files_ahead`)
-        self._files_asked: dict[str, list[files_ahead.Shape]] = {}
         self._thread = threading.local()
         #: the session's trickle.* settings, read again only when they changed (see pipeline.session_conf)
         self._settings: SessionSettings | None = None
@@ -251,12 +240,10 @@ class Refresher:
             started = time.time()
             t0 = time.perf_counter()
             try:
-                with self._conf_reads(), files_ahead.scope() as files:
+                with self._conf_reads():
                     result = self._refresh(d, started, t0, pin)
                     heap.settle(self.conf)
-                if result.action == RefreshAction.DIFFERENTIAL:
-                    self._files_asked[name] = files.asked
-                return result
+                    return result
             except _Inconsistent:
                 raise
             except Exception as e:
@@ -554,7 +541,6 @@ class Refresher:
                       windows: dict[str, SourceWindow], record: dict[str, Any],
                       read_version: int | None) -> dict[str, int] | None:
         """Apply the delta of (pre, post]; None when it changes nothing (nothing committed)."""
-        files_ahead.want(self._files_asked.get(d.name, []))
         plan = self.plan(d, windows)
         assert plan is not None
         small = strategy.collect_first(sum(w.change_bytes for w in windows.values()),
