@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from connectors import delta_rs, vector_reads
+from connectors import change_files, delta_rs, vector_reads
 from connectors.delta_log import DeltaLog
 from connectors.storage import local_path
 from dvm import PREV, Context, Fixpoint, key_filter
@@ -907,7 +907,9 @@ class LocalEngine:
                     raise Unsupported(f"commit {marked} of {path} marks deleted rows in deletion vectors and "
                                       "writes no change-data file (Spark's DELETE does so): Spark derives its "
                                       "change feed from the vectors", lasting=False)
-            table = delta_rs.read_changes(path, first, last, self.max_change_rows)
+            table = change_files.read(path, first, last)
+            if table is None or table.num_rows > self.max_change_rows:
+                table = delta_rs.read_changes(path, first, last, self.max_change_rows)
             if table is None:
                 raise Unsupported(f"the change window {first}..{last} of {path} is too large or unreadable",
                                   lasting=False)
