@@ -29,6 +29,15 @@ def _opens(monkeypatch: Any) -> list[str]:
     return seen
 
 
+def _kept(tmp_path: Any) -> tuple[Catalog, Catalog]:
+    """A writer and a reader that keeps the definition the writer wrote (read after the racy window)."""
+    writer, reader = Catalog(tmp_path / "trickle"), Catalog(tmp_path / "trickle")
+    writer.put(_definition("10s"))
+    time.sleep(catalog.RACY_NS / 1e9 + 0.02)
+    assert reader.get("t").schedule == "10s"
+    return writer, reader
+
+
 def test_a_kept_definition_is_read_again_once_another_writer_replaced_it(tmp_path: Any, monkeypatch: Any) -> None:
     writer, reader = Catalog(tmp_path / "trickle"), Catalog(tmp_path / "trickle")
     writer.put(_definition("10s"))
@@ -46,10 +55,7 @@ def test_a_kept_definition_is_read_again_once_another_writer_replaced_it(tmp_pat
 
 
 def test_an_in_place_edit_of_a_kept_definition_is_seen(tmp_path: Any) -> None:
-    writer, reader = Catalog(tmp_path / "trickle"), Catalog(tmp_path / "trickle")
-    writer.put(_definition("10s"))
-    time.sleep(catalog.RACY_NS / 1e9 + 0.02)
-    assert reader.get("t").schedule == "10s"
+    writer, reader = _kept(tmp_path)
     path = tmp_path / "trickle" / "stream_tables" / "t.json"
     before = path.stat().st_ino
     time.sleep(0.02)  # past the timestamp granularity of the read
@@ -59,10 +65,7 @@ def test_an_in_place_edit_of_a_kept_definition_is_seen(tmp_path: Any) -> None:
 
 
 def test_a_deleted_definition_is_gone_for_every_reader(tmp_path: Any) -> None:
-    writer, reader = Catalog(tmp_path / "trickle"), Catalog(tmp_path / "trickle")
-    writer.put(_definition("10s"))
-    time.sleep(catalog.RACY_NS / 1e9 + 0.02)
-    assert reader.get("t").schedule == "10s"
+    writer, reader = _kept(tmp_path)
     writer.delete("t")
     assert not reader.exists("t")
     try:
