@@ -908,8 +908,10 @@ class LocalEngine:
                                       "writes no change-data file (Spark's DELETE does so): Spark derives its "
                                       "change feed from the vectors", lasting=False)
             table = change_files.read(path, first, last)
-            if table is None or table.num_rows > self.max_change_rows:
+            if table is None:
                 table = delta_rs.read_changes(path, first, last, self.max_change_rows)
+            elif table.num_rows > self.max_change_rows:  # read whole already: delta-rs would read it again
+                table = None
             if table is None:
                 raise Unsupported(f"the change window {first}..{last} of {path} is too large or unreadable",
                                   lasting=False)

@@ -42,11 +42,13 @@ def test_a_kept_definition_is_read_again_once_another_writer_replaced_it(tmp_pat
     writer, reader = Catalog(tmp_path / "trickle"), Catalog(tmp_path / "trickle")
     writer.put(_definition("10s"))
     assert reader.get("t").schedule == "10s"
+    assert reader._texts == {}  # read within the racy window of its write: not kept
     writer.put(_definition("20s"))  # the same size, within the file system's timestamp granularity
     assert reader.get("t").schedule == "20s"
     time.sleep(catalog.RACY_NS / 1e9 + 0.02)
     opens = _opens(monkeypatch)
     assert reader.get("t").schedule == "20s"  # read, and now kept: written long enough ago
+    assert len(reader._texts) == 1
     assert reader.get("t").schedule == "20s"
     assert reader.get("t").schedule == "20s"
     assert len([p for p in opens if p.endswith("t.json")]) == 1, opens
