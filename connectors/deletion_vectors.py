@@ -237,7 +237,7 @@ def _write_vectors(root: str, vectors: list[bytes]) -> tuple[str, list[int]]:
         body += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
         at = len(body)
     full = os.path.abspath(os.path.join(root, f"deletion_vector_{ident}.bin"))
-    write_new(full, body)
+    write_new(full, body, sync=own_commit.syncing())
     for data, offset in zip(vectors, offsets, strict=True):
         _keep_vector((full, offset), data)
     return z85(ident.bytes), offsets

@@ -12,6 +12,14 @@ and the frontier protocol cannot tell them apart.
 The commit file is created by put-if-absent (a hard link of a finished temporary file), so it lands at exactly
 the version after the one the refresh read, or not at all (:class:`~connectors.delta_rs.CommitFailed`). That
 is atomic on a local file system only; each caller refuses other stores.
+
+Durability (``trickle.commit.fsync``, default false): a process that dies loses nothing either way, since its
+writes are in the kernel's page cache; only a power loss or a kernel crash can lose what was not on the disk.
+Off, the files are left to the kernel, as Spark's and delta-rs' commits leave them on a local disk. On, every
+file is on the disk before the log entry names it: data, change-data and vector files and their folders are
+synced, then the entry, then the log folder after the link, so a commit that survives a power loss is whole.
+Syncing the entry alone (what was done before the setting) left the files it names unsynced, a table that
+could lose its data under a durable entry, for 0.3-0.6 ms a refresh.
 """
 
 from __future__ import annotations
@@ -22,7 +30,11 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,6 +50,26 @@ ENGINE = "spark-trickle"
 WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "changeDataFeed", "deletionVectors",
                              "timestampNtz"})
 READER_FEATURES = frozenset({"deletionVectors", "timestampNtz"})
+
+
+#: the Spark setting that syncs commits written here to the disk (see the module docstring)
+FSYNC = "trickle.commit.fsync"
+_SYNCED: ContextVar[bool] = ContextVar("synced", default=False)
+
+
+@contextmanager
+def synced(conf: Any) -> Iterator[None]:
+    """Commits written inside the block are synced to the disk when ``conf``'s :data:`FSYNC` is true."""
+    token = _SYNCED.set(str(conf.get(FSYNC, "false")).strip().lower() == "true")
+    try:
+        yield
+    finally:
+        _SYNCED.reset(token)
+
+
+def syncing() -> bool:
+    """Whether the commit being written is synced (see :func:`synced`)."""
+    return _SYNCED.get()
 
 
 def unusable(path: str, protocol: dict[str, Any] | None, configuration: dict[str, str], partitioned: bool,
@@ -96,7 +128,7 @@ def write_parquet(root: str, folder: str, prefix: str, table: pa.Table) -> tuple
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="snappy")
     data = sink.getvalue()
-    write_new(full, data)
+    write_new(full, data, sync=syncing())
     return rel, data.size
 
 
@@ -183,16 +215,21 @@ def commit(root: str, read_version: int, actions: list[dict[str, Any]], operatio
             "engineInfo": f"{ENGINE} {engine}"}
     lines = [{"commitInfo": info}, {"txn": {"appId": app_id, "version": txn_version, "lastUpdated": now}},
              *actions]
+    sync = syncing()
+    if sync:  # the new files' names on the disk before the entry that names them
+        for folder in {os.path.dirname(os.path.join(root, unquote(a[k]["path"])))
+                       for a in actions for k in ("add", "cdc") if k in a}:
+            sync_folder(folder)
     put_if_absent(os.path.join(root, "_delta_log", f"{read_version + 1:020d}.json"),
-                  "\n".join(json.dumps(a, separators=(",", ":")) for a in lines) + "\n")
+                  "\n".join(json.dumps(a, separators=(",", ":")) for a in lines) + "\n", sync)
 
 
-def put_if_absent(target: str, text: str) -> None:
+def put_if_absent(target: str, text: str, sync: bool = False) -> None:
     """Create ``target`` with ``text`` unless it exists (another writer's commit): a hard link of a finished
-    temporary file, atomic on POSIX file systems."""
+    temporary file, atomic on POSIX file systems. ``sync``: the file, then its folder, on the disk."""
     folder = os.path.dirname(target)
     temp = os.path.join(folder, f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
-    write_new(temp, text.encode("utf-8"), sync=True)
+    write_new(temp, text.encode("utf-8"), sync=sync)
     try:
         os.link(temp, target)
     except FileExistsError as e:
@@ -200,3 +237,14 @@ def put_if_absent(target: str, text: str) -> None:
                            "another writer") from e
     finally:
         os.unlink(temp)
+    if sync:
+        sync_folder(folder)
+
+
+def sync_folder(folder: str) -> None:
+    """The folder's entries (names created, linked or removed in it) on the disk."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

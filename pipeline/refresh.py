@@ -135,7 +135,8 @@ class Refresher:
             self._settings = SessionSettings(jsession)
         self._thread.conf = ConfReads(self.spark.conf, self._settings)
         try:
-            yield
+            with own_commit.synced(self._thread.conf):
+                yield
         finally:
             self._thread.conf = outer
 
