@@ -54,22 +54,25 @@ READER_FEATURES = frozenset({"deletionVectors", "timestampNtz"})
 
 #: the Spark setting that syncs commits written here to the disk (see the module docstring)
 FSYNC = "trickle.commit.fsync"
-_SYNCED: ContextVar[bool] = ContextVar("synced", default=False)
+#: the settings of the refresh writing a commit (None: not inside :func:`synced`)
+_SETTINGS: ContextVar[Any] = ContextVar("settings", default=None)
 
 
 @contextmanager
 def synced(conf: Any) -> Iterator[None]:
-    """Commits written inside the block are synced to the disk when ``conf``'s :data:`FSYNC` is true."""
-    token = _SYNCED.set(str(conf.get(FSYNC, "false")).strip().lower() == "true")
+    """Commits written inside the block are synced to the disk when ``conf``'s :data:`FSYNC` is true, asked
+    only when a commit is written (a refresh that commits nothing reads no setting for it)."""
+    token = _SETTINGS.set(conf)
     try:
         yield
     finally:
-        _SYNCED.reset(token)
+        _SETTINGS.reset(token)
 
 
 def syncing() -> bool:
     """Whether the commit being written is synced (see :func:`synced`)."""
-    return _SYNCED.get()
+    conf = _SETTINGS.get()
+    return conf is not None and str(conf.get(FSYNC, "false")).strip().lower() == "true"
 
 
 def unusable(path: str, protocol: dict[str, Any] | None, configuration: dict[str, str], partitioned: bool,
