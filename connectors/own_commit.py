@@ -201,7 +201,7 @@ def cdc_action(root: str, changes: pa.Table) -> dict[str, Any]:
 
 
 def with_change_type(rows: pa.Table, kind: str) -> pa.Table:
-    return rows.append_column("_change_type", pa.array([kind] * rows.num_rows, pa.string()))
+    return rows.append_column("_change_type", pa.repeat(pa.scalar(kind, pa.string()), rows.num_rows))
 
 
 def commit(root: str, read_version: int, actions: list[dict[str, Any]], operation: str,

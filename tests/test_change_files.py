@@ -67,3 +67,16 @@ def test_windows_beyond_the_plain_case_are_left_to_delta_rs(spark: Any, make_sou
     assert change_files.read(path, 2, 3) is None and change_files.read(path, 1, 3) is None
     assert change_files.read(path, 3, 3) is not None
     assert change_files.read(path, 0, 1) is None  # from version 0: the caller's rule, kept here too
+
+
+def test_a_window_of_larger_files_is_left_to_delta_rs(spark: Any, make_source: Any, monkeypatch: Any) -> None:
+    src = make_source("cf_large", "id INT, s STRING", rows=[(1, "a")])  # v1
+    spark.sql(f"INSERT INTO {src} VALUES (2, 'b')")  # v2
+    path = _table_path(spark, src)
+    files = [a["add"] for a in DeltaLog(spark, path).actions(2) if "add" in a]
+    size = sum(f["size"] for f in files)
+    monkeypatch.setattr(change_files, "SMALL_BYTES", size)
+    assert change_files.read(path, 2, 2) is not None  # at the bound: read here
+    monkeypatch.setattr(change_files, "SMALL_BYTES", size - 1)
+    assert change_files.read(path, 2, 2) is None  # above it: delta-rs'
+    assert change_files.read(path, 1, 2) is None
