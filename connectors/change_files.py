@@ -56,7 +56,8 @@ def read(path: str, first: int, last: int) -> pa.Table | None:
         if files is None:
             return None
         named.extend((version, kind, f) for kind, f in files)
-    if any(not isinstance(f.get("size"), int) for _, _, f in named) or sum(f["size"] for _, _, f in named) > SMALL_BYTES:
+    sizes = [f.get("size") for _, _, f in named]
+    if not all(isinstance(size, int) for size in sizes) or sum(sizes) > SMALL_BYTES:
         return None
     with_type = pa.schema([*schema, pa.field(CHANGE_TYPE, pa.string())])
     parts = [with_type.empty_table().append_column(COMMIT_VERSION, pa.array([], pa.uint64()))]
