@@ -210,6 +210,15 @@ def _start(conf: Path, log: Path) -> subprocess.Popen[bytes]:
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _job_said(log: Path) -> str:
+    """What a failed job's log says, Python's part first: its traceback or ``error:`` line can be followed by
+    pages of JVM stack traces (an AWS SDK timeout filled the last 3000 characters once, hiding the cause)."""
+    text = log.read_text(errors="replace")
+    start = max(text.rfind("Traceback (most recent call last)"), text.rfind("\nerror: "))
+    said = text[start:start + 3000] if start >= 0 else "(no Python traceback or error line)"
+    return f"{said}\n--- the log's end ---\n{text[-3000:]}"
+
+
 def test_trickle_run_on_s3_with_a_second_process_and_a_second_run(
         spark: Any, s3: S3Server, unique_name: Any, tmp_path: Path) -> None:
     from pipeline import StreamTables
@@ -225,7 +234,7 @@ def test_trickle_run_on_s3_with_a_second_process_and_a_second_run(
         st = StreamTables(spark, root=f"{warehouse}/_trickle")
         deadline = time.time() + 240
         while not (st.catalog.exists(name) and st.catalog.history(name, limit=1)):
-            assert job.poll() is None, f"the job exited: {log.read_text()[-3000:]}"
+            assert job.poll() is None, f"the job exited: {_job_said(log)}"
             assert time.time() < deadline, f"the job did not create {name}: {log.read_text()[-3000:]}"
             time.sleep(0.5)
         assert any(k.startswith("run/_trickle/leases/run-s3_pipeline.yaml/") for k in _keys(s3, "run/_trickle/"))
@@ -244,14 +253,14 @@ def test_trickle_run_on_s3_with_a_second_process_and_a_second_run(
             if i % 2:
                 spark.sql(f"DELETE FROM {src} WHERE id = {base + 1}")
             st.refresh_stream_table(name)
-            assert job.poll() is None, f"the job exited: {log.read_text()[-3000:]}"
+            assert job.poll() is None, f"the job exited: {_job_said(log)}"
         st.refresh_stream_table(name)
         assert_matches(spark, st, name, query, "after concurrent refreshes from two processes")
         actions = {h["action"] for h in st.history(name, limit=200)}
         assert "DIFFERENTIAL" in actions, actions
         job.send_signal(signal.SIGTERM)
         rc = job.wait(120)
-        assert rc == 0, f"SIGTERM must stop the job cleanly: {log.read_text()[-3000:]}"
+        assert rc == 0, f"SIGTERM must stop the job cleanly, it exited with {rc}: {_job_said(log)}"
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
