@@ -175,7 +175,7 @@ def dataset(path: str, version: int) -> Any:
                                  f"{unknown[:3]}")
             return _plain_strings_dataset()(fragments, schema, file_format, filesystem, root=root,
                                             deleted={named[file]: at for file, at in deleted.items()})
-        ds = table.to_pyarrow_dataset()
+        ds = table.to_pyarrow_dataset(filesystem=vector_reads.local_filesystem(root))
         return _plain_strings_dataset()(list(ds.get_fragments()), ds.schema, ds.format, ds.filesystem, root=root)
 
     return _cached("dataset", path, version, make)

@@ -75,11 +75,23 @@ def fragments(table: Any, root: str) -> tuple[list[Any], Any, Any, Any]:
     expression, so that a filter skips files), for a table that method refuses because of its vectors."""
     import pyarrow as pa
     import pyarrow.dataset as pads
-    import pyarrow.fs as pafs
 
     schema = pa.schema(table.schema().to_arrow())
-    filesystem = pafs.SubTreeFileSystem(os.path.abspath(root), pafs.LocalFileSystem())
+    filesystem = local_filesystem(root)
     file_format = pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(pre_buffer=True))
     made = [file_format.make_fragment(file, filesystem=filesystem, partition_expression=expression)
             for file, expression in table._table.dataset_partitions(schema, None)]
     return made, schema, file_format, filesystem
+
+
+def local_filesystem(root: str) -> Any:
+    """Arrow's own file system for the files of the local table at ``root`` (paths relative to it, as the log
+    names them, percent-decoded as delta-rs hands them over). Why not delta-rs' default: it reads through a
+    file system implemented in Python (``PyFileSystem`` over ``DeltaStorageHandler``), so Arrow's I/O threads
+    take the GIL for every read, and a scan started by a caller holding the GIL can deadlock: DuckDB opens a
+    dataset's reader (``Scanner.to_reader``, which keeps the GIL) and waits on the scan's lock while an I/O
+    thread holding it waits for the GIL. A TPC-H refresh hung so for good (session 51); Arrow's own file
+    system reads without Python, and faster."""
+    import pyarrow.fs as pafs
+
+    return pafs.SubTreeFileSystem(os.path.abspath(root), pafs.LocalFileSystem())

@@ -362,6 +362,34 @@ def test_filters_on_strings_of_delta_rs_merged_files(tmp_path: Any) -> None:
         engine.con.close()
 
 
+def test_snapshots_are_read_without_python_in_arrows_io_threads(tmp_path: Any) -> None:
+    """The datasets DuckDB scans read their files through Arrow's own file system, never through delta-rs'
+    Python one: with it, DuckDB opening a scan (holding the GIL) and an Arrow I/O thread (waiting for the GIL
+    inside the scan's lock) deadlocked a TPC-H refresh for good. Partition values that are escaped in the log
+    (a space, a slash, a percent sign) must still name their files, and filters pushed into the scan still
+    select by them."""
+    import pyarrow.fs as pafs
+    from deltalake import write_deltalake
+
+    from connectors import delta_rs
+
+    path = str(tmp_path / "parts")
+    write_deltalake(path, pa.table({"id": [1, 2, 3, 4], "part": ["x y", "y/z", "a%b", "x y"]}), partition_by=["part"])
+    write_deltalake(path, pa.table({"id": [5], "part": ["plain"]}), partition_by=["part"], mode="append")
+    data = delta_rs.dataset(path, 1)
+    assert not isinstance(data.filesystem, pafs.PyFileSystem), type(data.filesystem)
+    assert all(not isinstance(f.filesystem, pafs.PyFileSystem) for f in data.get_fragments())
+    engine = local_engine.LocalEngine(None, _Ctx(), None, 1000)  # type: ignore[arg-type]
+    try:
+        engine.con.register("t", data)
+        assert sorted(engine.con.execute("SELECT id, part FROM t").fetchall()) == [
+            (1, "x y"), (2, "y/z"), (3, "a%b"), (4, "x y"), (5, "plain")]
+        assert sorted(r[0] for r in engine.con.execute("SELECT id FROM t WHERE part = 'x y'").fetchall()) == [1, 4]
+        assert engine.con.execute("SELECT id FROM t WHERE part = 'a%b' OR id = 5 ORDER BY id").fetchall() == [(3,), (5,)]
+    finally:
+        engine.con.close()
+
+
 def test_a_refresh_over_a_delta_rs_merged_table_by_duckdb(spark: Any, st: Any, tmp_path: Any) -> None:
     """Nexmark's q3 shape over a mirror committed by delta-rs' MERGE (its newest files hold string views):
     the delta reads the mirror's snapshot filtered by a string column, and DuckDB computes it."""
