@@ -422,12 +422,12 @@ def rows_with(path: str, version: int, columns: list[str], key: str, values: Any
 
 
 def _rows(path: str, version: int, columns: list[str] | None = None, where: Any = None) -> Any:
-    """The table's rows at ``version`` (``columns`` of those matching the pyarrow expression ``where``) as Arrow;
-    a table with deletion vectors through :func:`dataset` (delta-rs' own pyarrow readers refuse it)."""
-    table = opened(path, version)
-    if vector_reads.table_enabled(table):
-        return dataset(path, version).to_table(columns=columns, filter=where)
-    return table.to_pyarrow_table(columns=columns, filters=where)
+    """The table's rows at ``version`` (``columns`` of those matching the pyarrow expression ``where``) as Arrow,
+    through :func:`dataset` rather than delta-rs' ``to_pyarrow_table``: files read by Arrow's own file system
+    (delta-rs' is Python, every read waiting for the GIL; see :func:`connectors.vector_reads.local_filesystem`),
+    files with deletion vectors read as Spark reads them (delta-rs' pyarrow readers refuse them), and a filter
+    on strings of files delta-rs' MERGE wrote scanned correctly."""
+    return dataset(path, version).to_table(columns=columns, filter=where)
 
 
 def file_rows(path: str, version: int) -> list[int] | None:
