@@ -235,7 +235,7 @@ def test_trickle_run_on_s3_with_a_second_process_and_a_second_run(
         deadline = time.time() + 240
         while not (st.catalog.exists(name) and st.catalog.history(name, limit=1)):
             assert job.poll() is None, f"the job exited: {_job_said(log)}"
-            assert time.time() < deadline, f"the job did not create {name}: {log.read_text()[-3000:]}"
+            assert time.time() < deadline, f"the job did not create {name}: {_job_said(log)}"
             time.sleep(0.5)
         assert any(k.startswith("run/_trickle/leases/run-s3_pipeline.yaml/") for k in _keys(s3, "run/_trickle/"))
 
