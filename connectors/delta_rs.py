@@ -206,6 +206,15 @@ def _is_bytes(kind: Any) -> bool:
             or pa.types.is_large_binary(kind) or _is_view(kind))
 
 
+#: bytes of files (as stored) up to which a scan reads the files it must read whole (those with a deletion
+#: vector; those with view types, for a filter on strings) into memory at once, and scans them beside the others
+#: as one Arrow dataset. Why: read one at a time instead, their batches reach the scan through a Python
+#: generator, so every batch of the whole scan waits for the GIL (40x slower beside a busy Python thread,
+#: docs/BENCHMARKS.md "Session 51"), and Arrow threads that wait for the GIL inside a scan's lock are the
+#: pattern that once deadlocked DuckDB's scans (see :func:`dataset`). Larger sets are still streamed that way,
+#: one file in memory at a time.
+READ_WHOLE_BYTES = 16 << 20
+
 #: whether a table's Parquet file declares Arrow view types, by (table folder, file path); a file never changes
 _VIEWS: OrderedDict[tuple[str, str], bool] = OrderedDict()
 _VIEWS_MAX = 1 << 16
@@ -231,7 +240,9 @@ def _plain_strings_dataset() -> type:
     it reads any other) and filtered after, the others are scanned as before (their row groups skipped by
     statistics). A file delta-rs' MERGE wrote holds the rows it rewrote in one row group, so little skipping
     is lost. Filters on other columns, which pyarrow tests only against their own columns' statistics, are
-    scanned as before."""
+    scanned as before. Files with a deletion vector are read whole too, in file order, their marked rows
+    dropped, and filtered after. Files read whole are held in memory, with the columns the scan does not ask for
+    left NULL, and scanned with the others as one Arrow dataset (up to :data:`READ_WHOLE_BYTES`)."""
     import pyarrow as pa
     import pyarrow.dataset as pads
 
@@ -243,67 +254,53 @@ def _plain_strings_dataset() -> type:
             self.deleted = deleted or {}
 
         def scanner(self, columns: Any = None, filter: Any = None, **options: Any) -> Any:  # noqa: A002
-            if self.deleted:
-                return self._live(columns, filter, options)
             named = self._named(filter, self.schema) if filter is not None else []
-            if not any(_holds(f.type, _is_bytes) for f in named):
+            by_bytes = any(_holds(f.type, _is_bytes) for f in named)
+            if not self.deleted and not by_bytes:
                 return super().scanner(columns=columns, filter=filter, **options)
-            kept = self.get_fragments(filter=filter)  # files skipped by their Delta statistics
-            views: list[Any] = []
-            plain: list[Any] = []
-            for fragment in kept:
-                (views if self._views(fragment) else plain).append(fragment)
-            part = lambda fragments: pads.FileSystemDataset(  # noqa: E731
-                fragments, self.schema, self.format, self.filesystem)
-            first = part(plain).scanner(columns=columns, filter=filter, **options)
-            if not views:
-                return first
-            wanted = None if columns is None else [*columns, *(f.name for f in named if f.name not in columns)]
-            unfiltered = part(views).scanner(columns=wanted, **options).to_reader()
-            after = pads.Scanner.from_batches(unfiltered, columns=columns, filter=filter)
-
-            def batches() -> Any:
-                if plain:
-                    yield from first.to_batches()
-                yield from after.to_batches()
-
-            return pads.Scanner.from_batches(pa.RecordBatchReader.from_batches(first.projected_schema, batches()))
-
-        def _live(self, columns: Any, filter: Any, options: dict[str, Any]) -> Any:  # noqa: A002
-            """The scan of a table whose files may carry deletion vectors (``deleted``: marked positions by
-            fragment path; see :mod:`connectors.vector_reads`): the files the filter keeps (by their
-            statistics) and that have no vector are scanned as any other; a file with one is read whole, in
-            file order, its marked rows dropped, and then filtered."""
-            import numpy as np
-
             kept = list(self.get_fragments(filter=filter) if filter is not None else self.get_fragments())
-            marked = [f for f in kept if f.path in self.deleted]
-            unmarked = PlainStrings([f for f in kept if f.path not in self.deleted], self.schema, self.format,
-                                    self.filesystem, self.root)
-            first = unmarked.scanner(columns=columns, filter=filter, **options)
-            if not marked:
-                return first
-            named = self._named(filter, self.schema) if filter is not None else []
-            wanted = None if columns is None else [*columns, *(f.name for f in named if f.name not in columns)]
+            whole = [f for f in kept if f.path in self.deleted or (by_bytes and self._views(f))]
+            taken = {f.path for f in whole}
+            scanned = self._part([f for f in kept if f.path not in taken])
+            if not whole:
+                return scanned.scanner(columns=columns, filter=filter, **options)
+            # the scan's columns and the filter's; all of them when the filter names a field by position, since a
+            # column it reads that was not read here would be held as NULL
+            wanted = None if columns is None or "FieldPath" in str(filter) else [
+                *columns, *(f.name for f in named if f.name not in columns)]
+            stored = sum(i.size or 0 for i in self.filesystem.get_file_info([f.path for f in whole]))
+            if stored <= READ_WHOLE_BYTES:
+                rows = pa.concat_tables([self._live_rows(f, wanted) for f in whole])
+                held = pa.table({f.name: rows[f.name] if f.name in rows.column_names
+                                 else pa.nulls(rows.num_rows, f.type) for f in self.schema}, schema=self.schema)
+                return pads.dataset([scanned, pads.dataset(held)]).scanner(columns=columns, filter=filter,
+                                                                            **options)
+            first = scanned.scanner(columns=columns, filter=filter, **options)
             schema = self.schema if wanted is None else pa.schema([self.schema.field(c) for c in wanted])
-
-            def live() -> Any:
-                for fragment in marked:
-                    rows = pads.FileSystemDataset([fragment], self.schema, self.format,
-                                                  self.filesystem).to_table(columns=wanted)  # in file order
-                    keep = np.ones(rows.num_rows, dtype=bool)
-                    at = self.deleted[fragment.path]
-                    keep[at[at < rows.num_rows]] = False
-                    yield from rows.filter(pa.array(keep)).to_batches()
-
-            after = pads.Scanner.from_batches(pa.RecordBatchReader.from_batches(schema, live()), columns=columns,
-                                              filter=filter)
+            read = pa.RecordBatchReader.from_batches(
+                schema, (b for f in whole for b in self._live_rows(f, wanted).to_batches()))
+            after = pads.Scanner.from_batches(read, columns=columns, filter=filter)
 
             def batches() -> Any:
                 yield from first.to_batches()
                 yield from after.to_batches()
 
             return pads.Scanner.from_batches(pa.RecordBatchReader.from_batches(first.projected_schema, batches()))
+
+        def _part(self, fragments: list[Any]) -> Any:
+            return pads.FileSystemDataset(fragments, self.schema, self.format, self.filesystem)
+
+        def _live_rows(self, fragment: Any, columns: list[str] | None) -> Any:
+            """A file's ``columns`` in the dataset's types, in file order, without the rows its vector marks."""
+            import numpy as np
+
+            rows = self._part([fragment]).to_table(columns=columns)
+            at = self.deleted.get(fragment.path)
+            if at is None:
+                return rows
+            keep = np.ones(rows.num_rows, dtype=bool)
+            keep[at[at < rows.num_rows]] = False
+            return rows.filter(pa.array(keep))
 
         @staticmethod
         def _named(expression: Any, schema: Any) -> list[Any]:

@@ -86,6 +86,39 @@ def st(spark: Any, tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.fixture
+def python_in_scans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files a snapshot dataset (``connectors.delta_rs.dataset``) read in Python after its scan was planned,
+    i.e. while Arrow (or DuckDB) consumed batches a Python generator handed it (see
+    ``delta_rs.READ_WHOLE_BYTES``): every such batch waits for the GIL, and Arrow threads waiting for the GIL
+    inside a scan is how DuckDB's scans once deadlocked. Empty when every file read in Python was read while
+    ``scanner()`` ran, before the scan started."""
+    import threading
+
+    from connectors import delta_rs
+
+    cls = delta_rs._plain_strings_dataset()
+    planning = threading.local()
+    late: list[str] = []
+    real_scanner, real_rows = cls.scanner, cls._live_rows
+
+    def scanner(self: Any, *args: Any, **kwargs: Any) -> Any:
+        planning.depth = getattr(planning, "depth", 0) + 1
+        try:
+            return real_scanner(self, *args, **kwargs)
+        finally:
+            planning.depth -= 1
+
+    def live_rows(self: Any, fragment: Any, columns: Any) -> Any:
+        if not getattr(planning, "depth", 0):
+            late.append(fragment.path)
+        return real_rows(self, fragment, columns)
+
+    monkeypatch.setattr(cls, "scanner", scanner)
+    monkeypatch.setattr(cls, "_live_rows", live_rows)
+    return late
+
+
+@pytest.fixture
 def unique_name() -> Callable[[str], str]:
     """``unique_name("orders")`` -> ``orders_<pid>_<n>``: a name no other test of the run uses."""
     return lambda prefix: f"{prefix}_{unique_suffix()}"

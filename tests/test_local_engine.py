@@ -312,7 +312,8 @@ def _types(schema: Any) -> list[Any]:
     return out
 
 
-def test_filters_on_strings_of_delta_rs_merged_files(tmp_path: Any) -> None:
+def test_filters_on_strings_of_delta_rs_merged_files(tmp_path: Any, monkeypatch: Any,
+                                                    python_in_scans: list[str]) -> None:
     """A snapshot whose newest files delta-rs' MERGE wrote (mirrors, stream tables) stores strings as views:
     DuckDB's filters pushed into the dataset must still select the rows, for strings, binaries, nested strings
     and other columns alike, and strings come back as DuckDB's VARCHAR (no Spark here)."""
@@ -340,26 +341,37 @@ def test_filters_on_strings_of_delta_rs_merged_files(tmp_path: Any) -> None:
     engine = local_engine.LocalEngine(None, _Ctx(), None, 1000)  # type: ignore[arg-type]
     try:
         engine.con.register("t", delta_rs.dataset(path, version))
-        for sql, expected in [
-            ("SELECT id FROM t WHERE name >= 'b'", [2, 3, 4, 6]),
-            ("SELECT id FROM t WHERE name IN ('a', 'bb', 'zz')", [1, 2]),
-            ("SELECT id FROM t WHERE name = 'OR' OR name = 'c' OR name = 'd'", [3, 4]),
-            ("SELECT id FROM t WHERE blob = 'q'::BLOB OR blob > 'y'::BLOB", [4, 3]),
-            ("SELECT id FROM t WHERE info.city = 'e'", [2]),
-            ("SELECT info.city FROM t WHERE info.city >= 'c'", ["c", "d", "e", "f"]),
-            ("SELECT id FROM t WHERE id >= 2 AND name < 'c'", [2]),
-            ("SELECT name FROM t WHERE id >= 2 AND name < 'c'", ["bb"]),
-            ("SELECT id FROM t WHERE name IS NULL", [5]),
-            ("SELECT id FROM t WHERE tags[1] = '5'", [2]),
-            ("SELECT id FROM t WHERE id IN (2, 4)", [2, 4]),
-        ]:
-            got = [r[0] for r in engine.con.execute(sql).fetchall()]
-            assert sorted(got) == sorted(expected), (sql, got)
-        row = engine.con.execute("SELECT typeof(name), typeof(blob), typeof(tags), typeof(info) FROM t "
-                                 "WHERE name = 'bb'").fetchone()
-        assert row == ("VARCHAR", "BLOB", "VARCHAR[]", "STRUCT(city VARCHAR)"), row
+        # the view-typed files held in memory and scanned by Arrow alone, and (above delta_rs.READ_WHOLE_BYTES)
+        # streamed to it by Python one at a time
+        for held in (True, False):
+            monkeypatch.setattr(delta_rs, "READ_WHOLE_BYTES", 16 << 20 if held else 0)
+            python_in_scans.clear()
+            _filter_strings(engine)
+            assert bool(python_in_scans) != held, (held, python_in_scans)
     finally:
         engine.con.close()
+
+
+def _filter_strings(engine: Any) -> None:
+    """The filters of :func:`test_filters_on_strings_of_delta_rs_merged_files` over its table ``t``."""
+    for sql, expected in [
+        ("SELECT id FROM t WHERE name >= 'b'", [2, 3, 4, 6]),
+        ("SELECT id FROM t WHERE name IN ('a', 'bb', 'zz')", [1, 2]),
+        ("SELECT id FROM t WHERE name = 'OR' OR name = 'c' OR name = 'd'", [3, 4]),
+        ("SELECT id FROM t WHERE blob = 'q'::BLOB OR blob > 'y'::BLOB", [4, 3]),
+        ("SELECT id FROM t WHERE info.city = 'e'", [2]),
+        ("SELECT info.city FROM t WHERE info.city >= 'c'", ["c", "d", "e", "f"]),
+        ("SELECT id FROM t WHERE id >= 2 AND name < 'c'", [2]),
+        ("SELECT name FROM t WHERE id >= 2 AND name < 'c'", ["bb"]),
+        ("SELECT id FROM t WHERE name IS NULL", [5]),
+        ("SELECT id FROM t WHERE tags[1] = '5'", [2]),
+        ("SELECT id FROM t WHERE id IN (2, 4)", [2, 4]),
+    ]:
+        got = [r[0] for r in engine.con.execute(sql).fetchall()]
+        assert sorted(got) == sorted(expected), (sql, got)
+    row = engine.con.execute("SELECT typeof(name), typeof(blob), typeof(tags), typeof(info) FROM t "
+                             "WHERE name = 'bb'").fetchone()
+    assert row == ("VARCHAR", "BLOB", "VARCHAR[]", "STRUCT(city VARCHAR)"), row
 
 
 def test_snapshots_are_read_without_python_in_arrows_io_threads(tmp_path: Any) -> None:

@@ -79,7 +79,8 @@ def _hand_made_commit(path: str, version: int, spark: Any) -> None:
         f.write("\n".join(json.dumps(a) for a in actions) + "\n")
 
 
-def test_driver_readers_leave_out_what_vectors_mark(spark: Any, tmp_path: Any) -> None:
+def test_driver_readers_leave_out_what_vectors_mark(spark: Any, tmp_path: Any, monkeypatch: Any,
+                                                    python_in_scans: list[str]) -> None:
     path = str(tmp_path / "t")
     (spark.range(0, 300).selectExpr("id", "CASE WHEN id % 10 = 0 THEN NULL ELSE CAST(id % 7 AS STRING) END AS s")
      .repartitionByRange(3, "id").write.format("delta").option("delta.enableDeletionVectors", "true")
@@ -104,12 +105,18 @@ def test_driver_readers_leave_out_what_vectors_mark(spark: Any, tmp_path: Any) -
         assert _arrow_bag(delta_rs.read_small(path, v, 1 << 30, 10**6), ["id", "s"]) == truth, v
         picked = delta_rs.rows_with(path, v, ["id", "s"], "id", wanted)
         assert _arrow_bag(picked, ["id", "s"]) == Counter({r: n for r, n in truth.items() if r[0] in wanted.to_pylist()})
-        con = duckdb.connect()
-        con.register("t", data)  # a string filter DuckDB pushes into the scan, and a count
-        got = con.execute("SELECT id, s FROM t WHERE s = '3' OR s IS NULL").fetchall()
-        assert _bag(got) == Counter({r: n for r, n in truth.items() if r[1] in ("3", None)}), v
-        assert con.execute("SELECT COUNT(*) FROM t").fetchone()[0] == sum(truth.values())
-        con.close()
+        # a string filter DuckDB pushes into the scan, and a count: the marked files held in memory and scanned
+        # by Arrow alone, and (above delta_rs.READ_WHOLE_BYTES) streamed to it by Python one at a time
+        for held in (True, False):
+            monkeypatch.setattr(delta_rs, "READ_WHOLE_BYTES", 16 << 20 if held else 0)
+            python_in_scans.clear()
+            con = duckdb.connect()
+            con.register("t", data)
+            got = con.execute("SELECT id, s FROM t WHERE s = '3' OR s IS NULL").fetchall()
+            assert _bag(got) == Counter({r: n for r, n in truth.items() if r[1] in ("3", None)}), (v, held)
+            assert con.execute("SELECT COUNT(*) FROM t").fetchone()[0] == sum(truth.values())
+            con.close()
+            assert bool(python_in_scans) != held, (v, held, python_in_scans)
         # delta-rs' decoding of every vector equals the protocol's, read here (u, i and p)
         opened = delta_rs.opened(path, v)
         decoded = vector_reads.deleted_positions(opened)
