@@ -475,7 +475,8 @@ class Refresher:
         fresh = self.catalog.get(d.name)
         model = strategy.CostModel.from_dict(fresh.cost_model)
         cost = max(seconds, strategy.RETRY_BELOW_FULLS * (model.full_s or 0.0))
-        fresh.cost_model = model.learn(RefreshAction.DIFFERENTIAL, ratio if ratio is not None else 0.0, cost).to_dict()
+        fresh.cost_model = model.learn(RefreshAction.DIFFERENTIAL, ratio if ratio is not None else 0.0, cost,
+                                       certain=True).to_dict()
         self.catalog.put(fresh)
 
     def _schema_verdict(self, d: StreamTableDef, windows: dict[str, SourceWindow]) -> source_schema.Verdict:

@@ -197,6 +197,10 @@ def uncollected(change_bytes: int, limits: Limits) -> Choice:
 DEFAULT_THRESHOLD = 0.15
 #: weight of the newest observation in the running averages of :class:`CostModel`
 ALPHA = 0.3
+#: the slope learns from the median of this many last per-ratio costs (of two, the lower): one refresh slowed
+#: by something else (a pause, a cold path) moves nothing, two of the last three do (session 52: one 1.4 s
+#: refresh among 0.1 s ones made AUTO recompute a 1M-row join_agg at 50% in 0.35 s, its delta 0.11 s)
+SLOPE_WINDOW = 3
 #: below this change ratio a DIFFERENTIAL refresh is taken to cost its fixed floor only
 FLOOR_RATIO = 0.02
 #: until a DIFFERENTIAL refresh has been measured, AUTO tries one below this change ratio (bytes ratios of
@@ -238,7 +242,8 @@ class CostModel:
     The first refresh of each kind is a cold start (the initial population writes a new table through
     Spark; the first delta compiles its code), measured at up to several times a warm one, so the second
     observation of a kind replaces the first instead of being averaged with it; ``full_n`` and ``diff_n``
-    count the observations."""
+    count the observations. ``recent``: the per-ratio costs of the last :data:`SLOPE_WINDOW` refreshes above
+    the floor, whose median is what each one adds to the slope."""
 
     full_s: float | None = None
     floor_s: float | None = None
@@ -246,6 +251,7 @@ class CostModel:
     full_n: int = 0
     diff_n: int = 0
     floor_ratio: float = 0.0
+    recent: tuple[float, ...] = ()
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any] | None) -> CostModel:
@@ -253,11 +259,13 @@ class CostModel:
         # a model saved before the counts existed: each estimate it holds is one (cold) observation
         return cls(doc.get("full_s"), doc.get("floor_s"), doc.get("slope_s"),
                    int(doc.get("full_n", doc.get("full_s") is not None)),
-                   int(doc.get("diff_n", doc.get("floor_s") is not None)), float(doc.get("floor_ratio") or 0.0))
+                   int(doc.get("diff_n", doc.get("floor_s") is not None)), float(doc.get("floor_ratio") or 0.0),
+                   tuple(float(x) for x in doc.get("recent") or ()))
 
-    def to_dict(self) -> dict[str, float | int | None]:
+    def to_dict(self) -> dict[str, Any]:
         return {"full_s": self.full_s, "floor_s": self.floor_s, "slope_s": self.slope_s,
-                "full_n": self.full_n, "diff_n": self.diff_n, "floor_ratio": self.floor_ratio}
+                "full_n": self.full_n, "diff_n": self.diff_n, "floor_ratio": self.floor_ratio,
+                "recent": list(self.recent)}
 
     def slope(self) -> float | None:
         """Seconds per unit of change ratio; without an observed one, a DIFFERENTIAL refresh of half the table
@@ -291,8 +299,10 @@ class CostModel:
                + ("" if self.slope_s is not None else " (slope assumed)"))
         return min(breakeven, 1.0), how
 
-    def learn(self, action: str, ratio: float | None, seconds: float) -> CostModel:
-        """The model after a refresh of ``action`` over change ratio ``ratio`` took ``seconds``."""
+    def learn(self, action: str, ratio: float | None, seconds: float, certain: bool = False) -> CostModel:
+        """The model after a refresh of ``action`` over change ratio ``ratio`` took ``seconds``. ``certain``: a
+        cost known not to be a passing slowdown (a delta cancelled over its budget), which the slope takes at
+        once instead of waiting for a second one."""
         def avg(old: float | None, n: int, new: float) -> float:
             return new if old is None or n <= 1 else (1 - ALPHA) * old + ALPHA * new
 
@@ -306,8 +316,10 @@ class CostModel:
             return replace(self, floor_s=avg(self.floor_s, self.diff_n, seconds),
                            floor_ratio=avg(self.floor_ratio, self.diff_n, ratio), diff_n=n)
         per_ratio = max(0.0, seconds - self.floor_s) / (ratio - self.floor_ratio)
-        slope = per_ratio if self.slope_s is None else (1 - ALPHA) * self.slope_s + ALPHA * per_ratio
-        return replace(self, slope_s=slope, diff_n=n)
+        recent = (per_ratio,) * SLOPE_WINDOW if certain else (*self.recent, per_ratio)[-SLOPE_WINDOW:]
+        seen = sorted(recent)[(len(recent) - 1) // 2]
+        slope = seen if self.slope_s is None else (1 - ALPHA) * self.slope_s + ALPHA * seen
+        return replace(self, slope_s=slope, diff_n=n, recent=recent)
 
 
 def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:

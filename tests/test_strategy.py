@@ -197,3 +197,29 @@ def test_auto_remeasures_a_delta_only_where_it_may_win() -> None:
     assert action == "FULL" and "above this table's threshold" in reason
     action, reason = strategy.auto(threshold + 0.05, model)  # expected ~7.6 s: within 2 FULL refreshes
     assert action == "DIFFERENTIAL" and "measured again" in reason
+
+
+def test_one_slow_delta_does_not_turn_auto_to_full() -> None:
+    """The matrix's join_agg at 1M rows (session 52): a floor of 0.04 s, deltas of 0.06-0.08 s at 18% change,
+    FULL ~1.43 s learned from the initial population. One refresh of the first 50% window took ~1.4 s (the
+    slope it implies would have moved 0.12 -> 0.72 s), after which AUTO measured a warm FULL (0.35 s) and
+    recomputed every 50% window although its delta took 0.11 s. One slow refresh among fast ones moves
+    nothing now; two of the last three do, so a delta that really got dearer is still learned."""
+    model = (CostModel().learn("FULL", None, 1.43).learn("DIFFERENTIAL", 0.0096, 0.05)
+             .learn("DIFFERENTIAL", 0.0096, 0.04))
+    for seconds in (0.063, 0.077, 0.085, 0.061):
+        model = model.learn("DIFFERENTIAL", 0.178, seconds)
+    before = model.slope_s
+    assert before is not None and 0.1 < before < 0.3
+    slowed = model.learn("DIFFERENTIAL", 0.676, 1.43)
+    assert slowed.slope_s == pytest.approx(0.7 * before + 0.3 * sorted(slowed.recent)[1])
+    assert slowed.slope_s < 1.5 * before
+    assert strategy.auto(0.60, slowed)[0] == "DIFFERENTIAL"
+    dearer = slowed.learn("DIFFERENTIAL", 0.60, 1.3)  # the second slow one of three: the delta got dearer
+    assert dearer.slope_s is not None and dearer.slope_s > 3 * before
+    assert strategy.auto(0.60, dearer)[0] == "FULL"
+    assert CostModel.from_dict(dearer.to_dict()) == dearer
+    # a delta cancelled over its budget is no passing slowdown: the slope takes it at once
+    cancelled = model.learn("DIFFERENTIAL", 0.676, 30.0, certain=True)
+    assert cancelled.slope_s == pytest.approx(0.7 * before + 0.3 * (30.0 - model.floor_s) / (0.676 - model.floor_ratio))
+    assert strategy.auto(0.60, cancelled)[0] == "FULL"
