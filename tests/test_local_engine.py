@@ -343,8 +343,9 @@ def test_filters_on_strings_of_delta_rs_merged_files(tmp_path: Any, monkeypatch:
         engine.con.register("t", delta_rs.dataset(path, version))
         # the view-typed files held in memory and scanned by Arrow alone, and (above delta_rs.READ_WHOLE_BYTES)
         # streamed to it by Python one at a time
+        whole_bytes = delta_rs.READ_WHOLE_BYTES
         for held in (True, False):
-            monkeypatch.setattr(delta_rs, "READ_WHOLE_BYTES", 16 << 20 if held else 0)
+            monkeypatch.setattr(delta_rs, "READ_WHOLE_BYTES", whole_bytes if held else 0)
             python_in_scans.clear()
             _filter_strings(engine)
             assert bool(python_in_scans) != held, (held, python_in_scans)

@@ -98,6 +98,7 @@ def test_driver_readers_leave_out_what_vectors_mark(spark: Any, tmp_path: Any, m
     import duckdb
 
     wanted = pa.array([1, 4, 9, 14, 22, 33, 150, 202, 299], pa.int64())
+    whole_bytes = delta_rs.READ_WHOLE_BYTES
     for v in (1, 2, 3, 4):
         truth = _bag(spark.sql(f"SELECT id, s FROM delta.`{path}` VERSION AS OF {v}").collect())
         data = delta_rs.dataset(path, v)
@@ -108,7 +109,7 @@ def test_driver_readers_leave_out_what_vectors_mark(spark: Any, tmp_path: Any, m
         # a string filter DuckDB pushes into the scan, and a count: the marked files held in memory and scanned
         # by Arrow alone, and (above delta_rs.READ_WHOLE_BYTES) streamed to it by Python one at a time
         for held in (True, False):
-            monkeypatch.setattr(delta_rs, "READ_WHOLE_BYTES", 16 << 20 if held else 0)
+            monkeypatch.setattr(delta_rs, "READ_WHOLE_BYTES", whole_bytes if held else 0)
             python_in_scans.clear()
             con = duckdb.connect()
             con.register("t", data)
@@ -117,6 +118,7 @@ def test_driver_readers_leave_out_what_vectors_mark(spark: Any, tmp_path: Any, m
             assert con.execute("SELECT COUNT(*) FROM t").fetchone()[0] == sum(truth.values())
             con.close()
             assert bool(python_in_scans) != held, (v, held, python_in_scans)
+        monkeypatch.setattr(delta_rs, "READ_WHOLE_BYTES", whole_bytes)  # the readers above, as shipped
         # delta-rs' decoding of every vector equals the protocol's, read here (u, i and p)
         opened = delta_rs.opened(path, v)
         decoded = vector_reads.deleted_positions(opened)
