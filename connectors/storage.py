@@ -120,6 +120,12 @@ class Storage:
         """Create the file with ``text`` unless it exists, in one atomic step; :class:`Exists` if it does."""
         raise NotImplementedError
 
+    def overwrite(self, path: str, text: str) -> None:
+        """Write ``text`` over the file, created when missing, where that is cheaper than a replace; readers
+        may see a torn text, so only formats that detect one (see :mod:`pipeline.catalog`'s state slots) use
+        it, and the file may keep trailing spaces. Here: :meth:`write_text` (an object appears whole)."""
+        self.write_text(path, text)
+
     def list(self, folder: str) -> list[str]:
         """Names of the files directly in ``folder`` (none when it does not exist)."""
         raise NotImplementedError
@@ -160,6 +166,26 @@ class LocalStorage(Storage):
     def write_text(self, path: str, text: str) -> None:
         p = _local(path)
         os.replace(self._tmp(p, text), p)
+
+    def overwrite(self, path: str, text: str) -> None:
+        """In place: no new inode (a create cost 0.3-0.9 ms on an ext4 beside churning directories, a replace
+        0.4 ms more) and no truncate (ext4 flushes a truncated file on close, ``auto_da_alloc``): a shorter
+        text is padded with spaces to the file's length."""
+        p = _local(path)
+        data = text.encode("utf-8")
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o666)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o666)
+        try:
+            size = os.fstat(fd).st_size
+            view = memoryview(data + b" " * (size - len(data)) if size > len(data) else data)
+            at = 0
+            while at < len(view):
+                at += os.pwrite(fd, view[at:], at)
+        finally:
+            os.close(fd)
 
     def put_if_absent(self, path: str, text: str) -> None:
         p = _local(path)

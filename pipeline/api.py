@@ -568,9 +568,11 @@ class StreamTables:
     def register_catalog_views(self) -> None:
         """Temp views ``trickle_stream_tables`` and ``trickle_history`` for querying the catalog in SQL."""
         root = self.catalog.root
-        # a definition file is indented JSON (one document over many lines): multiLine
-        self.spark.read.option("multiLine", "true").json(str(root / "stream_tables")).createOrReplaceTempView(
-            "trickle_stream_tables")
+        # from the catalog, not its files: a definition file leaves the refresh state to its slots
+        docs = [json.dumps(json.loads(d.to_json())) for d in self.catalog.all()]
+        if docs:
+            self.spark.read.json(self.spark.sparkContext.parallelize(docs, 1)).createOrReplaceTempView(
+                "trickle_stream_tables")
         hist = root / "history"
         if any(self.catalog.history(n, limit=1) for n in self.catalog.names()):
             self.spark.read.json(str(hist / "*" / "*.json")).createOrReplaceTempView("trickle_history")

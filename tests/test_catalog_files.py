@@ -76,3 +76,92 @@ def test_a_deleted_definition_is_gone_for_every_reader(tmp_path: Any) -> None:
         assert "does not exist" in str(e)
     else:
         raise AssertionError("a dropped definition was still served")
+
+
+def _files(tmp_path: Any) -> dict[str, int]:
+    root = tmp_path / "trickle"
+    return {str(p.relative_to(root)): p.stat().st_ino for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_refresh_writes_its_state_in_place_and_leaves_the_definition_alone(tmp_path: Any) -> None:
+    writer, reader = Catalog(tmp_path / "trickle"), Catalog(tmp_path / "trickle")
+    writer.put(_definition("10s"))
+    for version in range(1, 6):  # what a refresh records
+        d = writer.get("t")
+        d.frontier, d.last_refresh_id, d.cost_model = {"s": version}, f"r{version}", {"full_s": version / 10}
+        before = _files(tmp_path)
+        writer.put(d)
+        after = _files(tmp_path)
+        got = reader.get("t")
+        assert (got.frontier, got.last_refresh_id, got.cost_model) == ({"s": version}, f"r{version}",
+                                                                       {"full_s": version / 10})
+        if version > 2:  # both slots exist by now: no file made, none replaced
+            assert after == before
+    assert "frontier" not in (tmp_path / "trickle" / "stream_tables" / "t.json").read_text()
+    assert "\"frontier\"" in got.to_json()  # the whole definition, as the catalog views show it
+
+
+def test_a_torn_state_slot_falls_back_to_the_one_before(tmp_path: Any) -> None:
+    c = Catalog(tmp_path / "trickle")
+    c.put(_definition("10s"))
+    for version in (1, 2):
+        d = c.get("t")
+        d.frontier = {"s": version}
+        c.put(d)
+    newest = max((tmp_path / "trickle" / "state").glob("t.*.json"), key=lambda p: p.read_text())
+    newest_text = newest.read_text()
+    assert '"s": 2' in newest_text
+    newest.write_text(newest_text.replace('"s": 2', '"s": 7'))  # a torn write: the line and its CRC disagree
+    assert c.get("t").frontier == {"s": 1}
+    d = c.get("t")
+    d.frontier = {"s": 3}
+    c.put(d)  # over the torn slot, not over the valid one
+    assert c.get("t").frontier == {"s": 3}
+
+
+def test_a_dropped_tables_state_is_not_read_by_its_successor(tmp_path: Any) -> None:
+    c = Catalog(tmp_path / "trickle")
+    c.put(_definition("10s"))
+    d = c.get("t")
+    d.frontier = {"s": 9}
+    c.put(d)
+    slots = {p.name: p.read_text() for p in (tmp_path / "trickle" / "state").glob("t.*.json")}
+    c.delete("t")
+    assert not list((tmp_path / "trickle" / "state").glob("t.*.json"))
+    for name, text in slots.items():  # as if a crash had left them behind
+        (tmp_path / "trickle" / "state" / name).write_text(text)
+    again = _definition("10s")
+    again.created_at = 1.0
+    c.put(again)
+    assert c.get("t").frontier is None
+
+
+def test_an_alter_and_a_refresh_from_the_same_read_keep_each_others_change(tmp_path: Any) -> None:
+    c = Catalog(tmp_path / "trickle")
+    c.put(_definition("10s"))
+    altering, refreshing = c.get("t"), c.get("t")
+    refreshing.frontier = {"s": 4}
+    c.put(refreshing)
+    altering.schedule = "1m"
+    c.put(altering)  # its stale state (no frontier) is not written back
+    got = c.get("t")
+    assert (got.schedule, got.frontier) == ("1m", {"s": 4})
+    refreshing.last_action = "DIFFERENTIAL"
+    c.put(refreshing)  # nor its stale declaration
+    got = c.get("t")
+    assert (got.schedule, got.frontier, got.last_action) == ("1m", {"s": 4}, "DIFFERENTIAL")
+
+
+def test_a_definition_from_before_the_state_slots_keeps_its_state(tmp_path: Any) -> None:
+    import json
+
+    c = Catalog(tmp_path / "trickle")
+    legacy = _definition("10s")
+    legacy.frontier, legacy.last_refresh_id = {"s": 5}, "r5"
+    (tmp_path / "trickle" / "stream_tables" / "t.json").write_text(legacy.to_json())  # state inside, no slots
+    d = c.get("t")
+    assert (d.frontier, d.last_refresh_id) == ({"s": 5}, "r5")
+    d.frontier = {"s": 6}
+    c.put(d)
+    assert json.loads((tmp_path / "trickle" / "stream_tables" / "t.json").read_text())["frontier"] == {"s": 5}
+    assert Catalog(tmp_path / "trickle").get("t").frontier == {"s": 6}  # the slot overrides the old key
