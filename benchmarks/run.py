@@ -196,6 +196,7 @@ def summary(per: dict[str, list[float]], text: dict[str, list[str]]) -> dict[str
     m["diff_apply"] = text["diff_apply"][-1]
     m["diff_paths"] = sorted(set(map(commit_path, text["diff_apply"])))
     m["first"] = text["first"]
+    m["samples"] = {k: per[k] for k in ("diff_s", "auto_s", "full_s", "ctas_s") if k in per}
     return m
 
 
