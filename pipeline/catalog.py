@@ -172,7 +172,7 @@ class Catalog:
             (self.root / "history").mkdir(parents=True, exist_ok=True)
             (self.root / "state").mkdir(parents=True, exist_ok=True)
         self._appended: dict[str, int] = {}
-        #: local definition files' texts by path, with the file status they were read at (see :meth:`_definition`)
+        #: local definition and state files' texts by path, with the file status they were read at (see :meth:`_text`)
         self._texts: dict[str, tuple[tuple[int, int, int, int], str]] = {}
 
     def _at(self, *parts: str) -> str:
@@ -196,7 +196,7 @@ class Catalog:
         return self.storage.exists(self._def_file(name))
 
     def get(self, name: str) -> StreamTableDef:
-        text = self._definition(self._def_file(name))
+        text = self._text(self._def_file(name))
         if text is None:
             raise CatalogError(f"stream table {name!r} does not exist")
         d = StreamTableDef.from_json(text)
@@ -216,22 +216,10 @@ class Catalog:
 
     def _read_slot(self, name: str, slot: int) -> tuple[int, float, dict[str, Any]] | None:
         """(sequence number, created_at, state) of a state slot; None when it is missing or torn."""
-        path = self._slot_file(name, slot)
-        local = local_path(path) if isinstance(self.storage, LocalStorage) else None
-        if local is None:
-            text = self.storage.read_text(path)
-        else:
-            try:
-                fd = os.open(local, os.O_RDONLY)
-            except FileNotFoundError:
-                return None
-            try:
-                chunks = []
-                while chunk := os.read(fd, 1 << 16):
-                    chunks.append(chunk)
-            finally:
-                os.close(fd)
-            text = b"".join(chunks).decode("utf-8", errors="replace")
+        try:
+            text = self._text(self._slot_file(name, slot))
+        except UnicodeDecodeError:  # torn inside a character
+            return None
         if text is None:
             return None
         body, _, rest = text.partition("\n")
@@ -261,12 +249,13 @@ class Catalog:
                            "state": d._doc(only=STATE_FIELDS)}, sort_keys=True)
         self.storage.overwrite(self._slot_file(d.name, slot), f"{body}\n{zlib.crc32(body.encode('utf-8')):08x}\n")
 
-    def _definition(self, path: str) -> str | None:
-        """A definition file's text. A local file's is read again only when its status (inode, size, change and
-        modification times) differs from the one it was read at. Why: a refresh reads its definition three
-        times (before its lock, under it, and again before recording, to keep a concurrent ALTER), 0.15 ms
-        each. Why it is safe: a definition is replaced by a rename (a new inode) or edited in place (new
-        times), so a file with the status seen still holds the text read, except when a second write lands
+    def _text(self, path: str) -> str | None:
+        """A definition or state file's text. A local file's is read again only when its status (inode, size,
+        change and modification times) differs from the one it was read at. Why: a refresh reads its definition
+        three times (before its lock, under it, and again before recording, to keep a concurrent ALTER), 0.15 ms
+        each, and a scheduler polls every table's. Why it is safe: a file is replaced by a rename (a new inode)
+        or written in place (new times), so a file with the status seen still holds the text read, except when a
+        second write lands
         within the file system's timestamp granularity of the first and reuses its inode and size: a text
         read less than :data:`RACY_NS` after its file's times is therefore not kept (git's "racily clean"
         rule for its index)."""
@@ -378,7 +367,7 @@ class Catalog:
 
 
 #: How long after its last write a definition file's text may be kept by its status: well above any file
-#: system's timestamp granularity (ext4 and XFS take a clock tick, at most 10 ms; see :meth:`Catalog._definition`)
+#: system's timestamp granularity (ext4 and XFS take a clock tick, at most 10 ms; see :meth:`Catalog._text`)
 RACY_NS = 50_000_000
 
 
