@@ -176,6 +176,8 @@ class Catalog:
         self._appended: dict[str, int] = {}
         #: local definition and state files' texts by path, with the file status they were read at (see :meth:`_text`)
         self._texts: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+        #: the state slots: two written by turns on a disk, one on a store where a write appears whole
+        self._slots = (0, 1) if isinstance(self.storage, LocalStorage) else (0,)
         #: definition texts' canonical (declaration, state), see :meth:`_declared`
         self._canonical: dict[str, tuple[str, str]] = {}
 
@@ -231,9 +233,6 @@ class Catalog:
     def _slot_file(self, name: str, slot: int) -> str:
         return self._at("state", f"{name.lower()}.{slot}.json")
 
-    def _slots(self, name: str) -> tuple[int, ...]:
-        return (0, 1) if isinstance(self.storage, LocalStorage) else (0,)
-
     def _read_slot(self, name: str, slot: int) -> tuple[int, float, dict[str, Any], str] | None:
         """(sequence number, created_at, state, its line) of a state slot; None when it is missing or torn."""
         try:
@@ -256,7 +255,7 @@ class Catalog:
         """(slot, sequence number, state, its line) of the newest valid slot of the definition created at
         ``created_at``."""
         best = None
-        for slot in self._slots(name):
+        for slot in self._slots:
             got = self._read_slot(name, slot)
             if got is not None and got[1] == created_at and (best is None or got[0] > best[1]):
                 best = (slot, got[0], got[2], got[3])
@@ -264,7 +263,7 @@ class Catalog:
 
     def _put_state(self, d: StreamTableDef) -> str:
         """Write ``d``'s state over the older slot; the line written."""
-        slots = self._slots(d.name)
+        slots = self._slots
         newest = self._state(d.name, d.created_at)
         slot = slots[0] if newest is None else slots[(slots.index(newest[0]) + 1) % len(slots)]
         body = json.dumps({"seq": 1 if newest is None else newest[1] + 1, "created_at": d.created_at,
@@ -339,7 +338,7 @@ class Catalog:
 
     def delete(self, name: str) -> None:
         self.storage.delete(self._def_file(name))
-        for slot in self._slots(name):
+        for slot in self._slots:
             self.storage.delete(self._slot_file(name, slot))
 
     def dependents(self, name: str) -> list[str]:

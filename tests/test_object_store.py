@@ -289,12 +289,16 @@ def test_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path: Path) -
 
 
 def test_catalog_views_over_the_catalog_files(spark: Any, st: Any, make_source: Any, unique_name: Any) -> None:
-    """``register_catalog_views`` reads the definitions and history files it finds through the catalog's
-    storage (a local root here; the same Spark JSON reads on a URI)."""
+    """``register_catalog_views`` shows the definitions as the catalog reads them, their refresh state (kept in
+    the state slots, not in the definition files) included, and the history files it finds through the
+    catalog's storage (a local root here; the same Spark JSON read on a URI)."""
     src, name = make_source("orders", "id INT, v INT", rows=[(1, 10), (2, 20)]), unique_name("sums")
     st.create_stream_table(name, f"SELECT SUM(v) AS total FROM {src}", schedule="1m")
     st.register_catalog_views()
-    assert [r[0] for r in spark.sql("SELECT name FROM trickle_stream_tables").collect()] == [name]
+    d = st.catalog.get(name)
+    assert d.last_refresh_id is not None and d.last_action is not None
+    assert [tuple(r) for r in spark.sql("SELECT name, last_refresh_id, last_action FROM trickle_stream_tables")
+            .collect()] == [(name, d.last_refresh_id, d.last_action)]
     assert spark.sql(f"SELECT count(*) FROM trickle_history WHERE name = '{name}'").collect()[0][0] == 1
 
 
