@@ -328,7 +328,8 @@ class Catalog:
         if body is not None:  # the slot's state, canonical
             seen = (seen[0], json.dumps(json.loads(body)["state"], sort_keys=True))
         now = d._split()
-        if now[1] != seen[1]:
+        # a definition file from before the slots holds its state itself, and is rewritten without it
+        if now[1] != seen[1] or (body is None and now[0] != seen[0]):
             body = self._put_state(d)
         if now[0] != seen[0]:
             d.updated_at = time.time()

@@ -164,3 +164,16 @@ def test_a_definition_from_before_the_state_slots_keeps_its_state(tmp_path: Any)
     c.put(d)
     assert json.loads((tmp_path / "trickle" / "stream_tables" / "t.json").read_text())["frontier"] == {"s": 5}
     assert Catalog(tmp_path / "trickle").get("t").frontier == {"s": 6}  # the slot overrides the old key
+
+
+def test_an_alter_of_a_definition_from_before_the_state_slots_keeps_its_state(tmp_path: Any) -> None:
+    """The definition file is rewritten without state keys, so a state that lived only in it goes to a slot."""
+    c = Catalog(tmp_path / "trickle")
+    legacy = _definition("10s")
+    legacy.frontier, legacy.last_refresh_id = {"s": 5}, "r5"
+    (tmp_path / "trickle" / "stream_tables" / "t.json").write_text(legacy.to_json())  # state inside, no slots
+    d = c.get("t")
+    d.schedule = "1m"  # the declaration only
+    c.put(d)
+    got = Catalog(tmp_path / "trickle").get("t")
+    assert (got.schedule, got.frontier, got.last_refresh_id) == ("1m", {"s": 5}, "r5")
