@@ -12,7 +12,8 @@ cycle changes the fact table with ONE Delta MERGE (70% updates incl. join-key up
 inserts), then refreshes the three stream tables of every shape, timing each, and runs the user's own full
 recompute (CTAS: CREATE OR REPLACE TABLE ... AS SELECT on Delta). The first cycle of each rate warms up and
 is not measured; medians of the others are reported (``--cycles`` of them, ``--cycles-small`` in the cells
-changing at most :data:`SMALL_RATE` of the rows, whose short refreshes need more samples). The second of two refreshes of the same query over
+changing at most :data:`SMALL_RATE` of the rows or over at most :data:`SMALL_ROWS` rows, whose short
+refreshes need more samples). The second of two refreshes of the same query over
 the same change window was measured 30-50% cheaper than the first at 10K-100K rows (it finds the first
 one's generated code compiled, in Spark's code generation cache), so a fixed order would flatter whichever
 goes second. Place itself matters too (session 42, 1M rows, join at 1%: the DIFFERENTIAL table's refresh
@@ -82,6 +83,11 @@ ALL_RATES = [0.001, 0.01, 0.1, 0.5]
 #: of AUTO against DIFFERENTIAL doing the same apply: 1.00-1.06x over 8-12 refreshes, while medians of 4 in the
 #: matrix missed 1.2x by 12-47 ms); more samples cost little there
 SMALL_RATE = 0.01
+#: ... and so may every cell over at most this many fact rows, at any rate. Why: at 1M rows even a 10% change
+#: refreshes differentially in 40-180 ms and FULL in about 1 s, and medians of 4 were decided by one hiccup
+#: (session 54's matrix: AUTO over DIFFERENTIAL doing the same refreshes 1.77x at 1M x 10% aggregate, 1.02x
+#: over 8 cycles; FULL over CTAS 1.37x at 1M x 10% join, 1.24x over 8). About 6 minutes more per matrix
+SMALL_ROWS = 1_000_000
 PRESETS: dict[str, list[tuple[list[int], list[float], list[str]]]] = {
     "quick": [([10_000, 100_000], [0.01, 0.1], list(SHAPES))],
     "issue16": [([1_000_000, 10_000_000], ALL_RATES, list(SHAPES)), ([100_000_000], [0.001], ["join_agg"])],
@@ -281,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=2,
                    help="measured cycles per cell, after one warm-up cycle (even: see the order of refreshes)")
     p.add_argument("--cycles-small", type=int, default=None, metavar="N",
-                   help=f"measured cycles of the cells changing at most {SMALL_RATE:.0%} of the rows (default: "
-                        "--cycles; see SMALL_RATE)")
+                   help=f"measured cycles of the cells changing at most {SMALL_RATE:.0%} of the rows or over at "
+                        f"most {SMALL_ROWS:,} rows (default: --cycles; see SMALL_RATE, SMALL_ROWS)")
     p.add_argument("--no-check", action="store_true", help="skip the DIFFERENTIAL == AUTO == FULL check")
     p.add_argument("--gen-only", action="store_true",
                    help="only time data generation and one change per rate, extrapolated to 10M / 100M rows")
@@ -321,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"[bench] {len(names)} stream tables created and populated in {time.perf_counter() - t:.1f} s")
                 next_id, cycle = rows, 0
                 for rate in rates:
-                    cycles = args.cycles_small if args.cycles_small and rate <= SMALL_RATE else args.cycles
+                    small = rate <= SMALL_RATE or rows <= SMALL_ROWS
+                    cycles = args.cycles_small if args.cycles_small and small else args.cycles
                     per: dict[str, dict[str, list[float]]] = {s: {} for s in shapes}
                     text: dict[str, dict[str, list[str]]] = {s: {} for s in shapes}
                     ok = {s: True for s in shapes}
