@@ -19,9 +19,13 @@ one's generated code compiled, in Spark's code generation cache), so a fixed ord
 goes second. Place itself matters too (session 42, 1M rows, join at 1%: the DIFFERENTIAL table's refresh
 took a median 0.213 s when it came first after the source's change and 0.157 s when it came after FULL,
 with the same apply, while AUTO, always second, took 0.171 s). So the four refreshes of a shape follow
-:data:`ORDERS`, a Latin square: over every 4 measured cycles each takes each place once, and AUTO goes
-before and after each other mode equally often (over 2 cycles, the first two orders: DIFFERENTIAL, AUTO,
-FULL, CTAS and its reverse, the order of the runs before session 42). The first
+:data:`ORDERS`, a Williams square: over every 4 measured cycles each takes each place once, and each
+comes right after each other one once (over 2 cycles, the first two orders: DIFFERENTIAL, AUTO, CTAS, FULL
+and its reverse). Right after matters: a refresh that follows a heavy one pays for it (its garbage, its
+files still being written back), and until session 55 the square only balanced before and after, so AUTO
+came right after DIFFERENTIAL in two cycles of four and FULL never (at 50% change, where DIFFERENTIAL takes
+35-39 s at 10M rows and AUTO and FULL both recompute, AUTO's recomputations right after it were the slowest:
+6.2 and 7.2 s against 4.4-5.8 s). The first
 Spark query that scans the fact table after its MERGE rebuilds the new snapshot's state with a job ("Compute
 snapshot for version", 0.3-0.9 s at 1-10M rows), which every later reader shares: the cycle plans a scan of
 the table once, untimed, right after its MERGE (:func:`warm_snapshot`), so that no measured refresh pays it
@@ -69,9 +73,9 @@ SHAPES = {
 }
 DIMS = 1000
 #: the order of a shape's four refreshes in measured cycle i (i - 1 modulo 4; the warm-up cycle takes the
-#: last): a Latin square, each in each place once, every pair in both orders twice (see the docstring)
-ORDERS = [["diff", "auto", "full", "ctas"], ["ctas", "full", "auto", "diff"], ["auto", "diff", "ctas", "full"],
-          ["full", "ctas", "diff", "auto"]]
+#: last): a Williams square, each in each place once and right after each other one once (see the docstring)
+ORDERS = [["diff", "auto", "ctas", "full"], ["full", "ctas", "auto", "diff"], ["auto", "full", "diff", "ctas"],
+          ["ctas", "diff", "full", "auto"]]
 #: the stream tables of a shape: result-key prefix -> refresh_mode
 MODES = {"diff": "DIFFERENTIAL", "auto": "AUTO", "full": "FULL"}
 ALL_RATES = [0.001, 0.01, 0.1, 0.5]
