@@ -151,13 +151,20 @@ def test_an_alter_and_a_refresh_from_the_same_read_keep_each_others_change(tmp_p
     assert (got.schedule, got.frontier, got.last_action) == ("1m", {"s": 4}, "DIFFERENTIAL")
 
 
-def test_a_definition_from_before_the_state_slots_keeps_its_state(tmp_path: Any) -> None:
-    import json
-
+def _legacy_catalog(tmp_path: Any) -> Catalog:
+    """A catalog holding ``t`` as written before the state slots: its state (frontier {"s": 5}, last refresh
+    "r5") inside the definition file, and no slot."""
     c = Catalog(tmp_path / "trickle")
     legacy = _definition("10s")
     legacy.frontier, legacy.last_refresh_id = {"s": 5}, "r5"
-    (tmp_path / "trickle" / "stream_tables" / "t.json").write_text(legacy.to_json())  # state inside, no slots
+    (tmp_path / "trickle" / "stream_tables" / "t.json").write_text(legacy.to_json())
+    return c
+
+
+def test_a_definition_from_before_the_state_slots_keeps_its_state(tmp_path: Any) -> None:
+    import json
+
+    c = _legacy_catalog(tmp_path)
     d = c.get("t")
     assert (d.frontier, d.last_refresh_id) == ({"s": 5}, "r5")
     d.frontier = {"s": 6}
@@ -168,10 +175,7 @@ def test_a_definition_from_before_the_state_slots_keeps_its_state(tmp_path: Any)
 
 def test_an_alter_of_a_definition_from_before_the_state_slots_keeps_its_state(tmp_path: Any) -> None:
     """The definition file is rewritten without state keys, so a state that lived only in it goes to a slot."""
-    c = Catalog(tmp_path / "trickle")
-    legacy = _definition("10s")
-    legacy.frontier, legacy.last_refresh_id = {"s": 5}, "r5"
-    (tmp_path / "trickle" / "stream_tables" / "t.json").write_text(legacy.to_json())  # state inside, no slots
+    c = _legacy_catalog(tmp_path)
     d = c.get("t")
     d.schedule = "1m"  # the declaration only
     c.put(d)
