@@ -121,6 +121,8 @@ class Rendering:
     #: the held snapshots and change windows read on the driver (filled by :meth:`Context.table` and
     #: :meth:`Context.changes`)
     driver_held: set[str] = field(default_factory=set)
+    #: names handed out by :meth:`Context.name`, per prefix
+    names: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,14 @@ class Context:
     @property
     def driver_held(self) -> set[str]:
         return self.rendering.driver_held
+
+    def name(self, prefix: str) -> str:
+        """``prefix`` numbered 1, 2, ... within this refresh's SQL. Why not one counter for the process: the
+        same query's delta SQL is then the same text at every refresh, which the local engine parses once
+        (``pipeline.local_engine._parsed``) and ``explain`` shows alike."""
+        n = self.rendering.names.get(prefix, 0) + 1
+        self.rendering.names[prefix] = n
+        return f"{prefix}{n}"
 
     def note(self, text: str) -> None:
         if text not in self.notes:

@@ -383,31 +383,45 @@ def _copies(node: Any) -> bool:
             and isinstance(end, exp.Column) and end.name == "__dw" and node.args.get("step") is None)
 
 
-#: Spark SQL parsed, by its text with the refresh's run id replaced by :data:`_RUN_ID_STAND_IN`, most recently
-#: used last (see :func:`_parsed`)
+#: Spark SQL parsed, by its text with the refresh's run id replaced by :data:`_RUN_ID_STAND_IN` and its time
+#: travel versions by :data:`_VERSION_STAND_IN` numbers, most recently used last (see :func:`_parsed`)
 _PARSED: OrderedDict[str, Any] = OrderedDict()
 _PARSED_MAX = 64
 _PARSED_LOCK = threading.Lock()
 _RUN_ID_STAND_IN = "trickle0run0id"
+_VERSION_STAND_IN = "7340000000"  # + the occurrence's number, 3 digits
+_VERSION = re.compile(r"\bVERSION AS OF (\d+)\b")
 
 
 def _parsed(sql: str, run_id: str) -> Any:
     """``sql`` parsed as Spark SQL: a tree of the caller's own, to change at will.
 
     Why kept: a refresh's delta SQL is the previous refresh's text but for the run id in its fixpoints'
-    relation names (``dvm.Context.run_id``), and sqlglot's parse of it was 4 ms of a 31 ms aggregate delta
-    (a copy of the kept tree: 0.8 ms; docs/BENCHMARKS.md, "Session 47"). The run id goes back into every
-    string of the copy that holds the stand-in. A text where the run id occurs anywhere but right after
-    ``__trickle_fx_`` or ``__trickle_keys_`` (a run id of digits only inside a number, say), or that holds the
-    stand-in itself, is parsed as it is: there the stand-in could change what the text's tokens are."""
+    relation names (``dvm.Context.run_id``) and the versions its snapshots read (``VERSION AS OF n``), and
+    sqlglot's parse of it was 4 ms of a 31 ms aggregate delta (a copy of the kept tree: 0.8 ms;
+    docs/BENCHMARKS.md, "Session 47"); the delta of a query of set operations and joins over three tables
+    parsed 150 KB per refresh, a sixth of its refresh's Python time. The run id goes back into every string
+    of the copy that holds the stand-in, each version into the number that stood in for it. A text where the
+    run id occurs anywhere but right after ``__trickle_fx_`` or ``__trickle_keys_`` (a run id of digits only
+    inside a number, say), or that holds a stand-in itself, is parsed as it is: there the stand-in could change
+    what the text's tokens are."""
     import sqlglot
+    from sqlglot import exp
 
     from dvm import SPARK
 
-    if not run_id or _RUN_ID_STAND_IN in sql or sql.count(run_id) != len(
+    if not run_id or _RUN_ID_STAND_IN in sql or _VERSION_STAND_IN in sql or sql.count(run_id) != len(
             re.findall(r"__trickle_(?:fx|keys)_" + re.escape(run_id), sql)):
         return sqlglot.parse_one(sql, read=SPARK)
-    key = sql.replace(run_id, _RUN_ID_STAND_IN)
+    versions: dict[str, str] = {}  # stand-in -> the version it stands for
+
+    def stand_in(m: re.Match[str]) -> str:
+        number = f"{_VERSION_STAND_IN}{len(versions):03d}"
+        versions[number] = m.group(1)
+        return f"VERSION AS OF {number}"
+
+    key = _VERSION.sub(stand_in, sql.replace(run_id, _RUN_ID_STAND_IN)) if len(
+        _VERSION.findall(sql)) < 1000 else sql.replace(run_id, _RUN_ID_STAND_IN)
     with _PARSED_LOCK:
         kept = _PARSED.get(key)
         if kept is not None:
@@ -421,6 +435,9 @@ def _parsed(sql: str, run_id: str) -> Any:
     tree = kept.copy()
     if key != sql:
         for node in tree.walk():
+            if versions and isinstance(node, exp.Literal) and node.this in versions:
+                node.set("this", versions[node.this])
+                continue
             for name, value in list(node.args.items()):
                 if isinstance(value, str) and _RUN_ID_STAND_IN in value:
                     node.set(name, value.replace(_RUN_ID_STAND_IN, run_id))

@@ -315,7 +315,10 @@ class ChangeGenerator:
                 initial.append(row)
                 src.add(row)
             if initial:
-                self.spark.sql(f"INSERT INTO {src.real} SELECT * FROM {values_sql(initial, self._columns(spec))}")
+                if self._by_delta_rs(src):
+                    self._merge_delta_rs(src, [Op("I", None, row) for row in initial])
+                else:
+                    self.spark.sql(f"INSERT INTO {src.real} SELECT * FROM {values_sql(initial, self._columns(spec))}")
                 src.version = 1
         return self.names
 
@@ -561,11 +564,21 @@ class ChangeGenerator:
                 row[i] = type(row[i])(0)
             self._update(src, rid, tuple(row), batches[ex.table], touched[ex.table])
 
+    #: every how-manyth version of a source Spark's MERGE commits (the others: delta-rs). Spark's MERGE takes
+    #: about a second of the test JVM, most of an oracle cycle's changes; one in five still gives each source
+    #: of a 20-cycle run three or four commits of Spark's own, its change feed as Spark writes it.
+    SPARK_EVERY = 5
+
+    def _by_delta_rs(self, src: _Source) -> bool:
+        """Whether the next commit of ``src`` may be delta-rs's: not a keyless table of arrays (its MERGE
+        matches rows on every column, and delta-rs does not compare arrays)."""
+        return bool(src.spec.key) or not any(c.kind == "array" for c in src.spec.cols)
+
     def _merge(self, src: _Source, ops: list[Op]) -> None:
         """Apply a batch as ONE MERGE: U/D match the pre-state row (by key, or null-safe on all values).
-        Two batches in three are committed by delta-rs instead of Spark (see :meth:`_merge_delta_rs`)."""
-        spec = src.spec
-        if src.version % 3 != 0 and (spec.key or not any(c.kind == "array" for c in spec.cols)):
+        Four batches in five are committed by delta-rs instead of Spark (see :meth:`_merge_delta_rs`); the
+        initial rows too (:meth:`create`)."""
+        if src.version % self.SPARK_EVERY != 0 and self._by_delta_rs(src):
             self._merge_delta_rs(src, ops)
         else:
             self._merge_spark(src, ops)
@@ -962,9 +975,12 @@ def run_oracle(
     # instead of one stage per shuffle (the setops oracle's compare: 27 shuffles per cycle before).
     snap = {b: f"_oracle_src_{b}_{suffix}" for b in gen.sources}
 
+    # Each view is made from a DataFrame, so it holds the analysed plan (the rows as a local relation): a view
+    # made by SQL holds its text, which Spark parses and analyses again wherever a query reads the view (the
+    # setops oracle's queries read each source several times, every cycle).
     def snapshot(changed: Iterable[str]) -> None:
         for b in changed:
-            spark.sql(f"CREATE OR REPLACE TEMP VIEW {snap[b]} AS SELECT /*+ COALESCE(1) */ * FROM ({gen.model_sql(b)})")
+            spark.sql(gen.model_sql(b)).coalesce(1).createOrReplaceTempView(snap[b])
 
     snapshot(gen.sources)
     create_map = {**gen.names, **view_real, **st_real}

@@ -53,6 +53,15 @@ def test_inner_join_delta_reads_post_snapshots_only() -> None:
     assert one is not None and "-(__l.__w * __r.__w)" not in one and not one.rstrip().endswith("<> 0")
 
 
+def test_a_join_delta_is_the_same_text_at_every_refresh() -> None:
+    """The names a join's delta gives its shared inputs (``__jN``) count within one refresh, so the same
+    query's delta is the same text at the next refresh: the local engine then parses it once."""
+    plan = dvm.compile_query("SELECT e.name, d.dname FROM emp e JOIN dept d ON e.dept = d.id "
+                             "JOIN dept d2 ON d2.id = e.id", SCHEMAS)
+    first, second = (merge_sql(plan, ctx(), ["string", "string"]) for _ in range(2))
+    assert first is not None and "__j1 AS" in first and first == second
+
+
 def test_unchanged_sources_drop_their_terms() -> None:
     plan = dvm.compile_query("SELECT e.name, d.dname FROM emp e JOIN dept d ON e.dept = d.id", SCHEMAS)
     sql = merge_sql(plan, ctx(dept_changed=False), ["string", "string"])

@@ -526,6 +526,29 @@ def test_parsed_trees_are_fresh_parses(sql: str, kept: bool) -> None:
         tree.find(sqlglot.exp.Table).set("this", sqlglot.exp.to_identifier("changed"))
 
 
+def test_parsed_versions_share_one_kept_parse() -> None:
+    """Two refreshes' texts that differ only in their run ids and the versions their snapshots read (``VERSION
+    AS OF n``) are parsed once, and each tree reads its own versions; a text that holds a version stand-in
+    itself is parsed as it is."""
+    import sqlglot
+
+    from dvm import SPARK
+
+    text = ("SELECT * FROM delta.`/p/t` VERSION AS OF {a} AS t JOIN global_temp.__trickle_fx_{r}_0 AS f "
+            "ON t.k = f.k WHERE t.v <> 7 UNION ALL SELECT * FROM delta.`/p/u` VERSION AS OF {b}")
+    trees = []
+    for a, b, r in ((3, 4, "0123456789ab"), (12, 3, "ba9876543210"), (3, 4, "0123456789ab")):
+        sql = text.format(a=a, b=b, r=r)
+        tree = local_engine._parsed(sql, r)  # noqa: SLF001
+        assert tree == sqlglot.parse_one(sql, read=SPARK) and tree.sql(SPARK) == sqlglot.parse_one(sql, read=SPARK).sql(SPARK)
+        trees.append(tree)
+    assert [t.find(sqlglot.exp.Version).expression.this for t in trees] == ["3", "12", "3"]
+    kept = [k for k in local_engine._PARSED if "/p/t" in k]  # noqa: SLF001
+    assert len(kept) == 1 and local_engine._VERSION_STAND_IN in kept[0]  # noqa: SLF001
+    odd = f"SELECT * FROM delta.`/p/t` VERSION AS OF 2 WHERE v = {local_engine._VERSION_STAND_IN}001"  # noqa: SLF001
+    assert local_engine._parsed(odd, "0123456789ab") == sqlglot.parse_one(odd, read=SPARK)  # noqa: SLF001
+
+
 def test_parsed_run_id_elsewhere_is_parsed_as_is() -> None:
     """A run id of digits only that also occurs inside a number: the number stays a number (the text is not
     kept with a stand-in there)."""

@@ -14,7 +14,6 @@ where its keys fall (:mod:`dvm.key_filter`): Delta skips the files no key can be
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -23,9 +22,6 @@ from dvm.context import Context, State, quote
 from dvm.dialect import SPARK
 from dvm.key_filter import KeyFilter
 from dvm.operators.base import Node, W, col_list, consolidate, null_safe_match, union_all
-
-_NAMES = itertools.count(1)
-
 
 #: equalities of a join condition used as key filters, at most (each a predicate of up to 16 ranges)
 MAX_KEY_FILTERS = 2
@@ -75,7 +71,7 @@ class Inputs:
         for name, body in self.defs:
             if body == sql:
                 return f"SELECT * FROM {name}"
-        name = f"__j{next(_NAMES)}"
+        name = self.ctx.name("__j")
         self.defs.append((name, sql))
         return f"SELECT * FROM {name}"
 
