@@ -315,10 +315,7 @@ class ChangeGenerator:
                 initial.append(row)
                 src.add(row)
             if initial:
-                if self._by_delta_rs(src):
-                    self._merge_delta_rs(src, [Op("I", None, row) for row in initial])
-                else:
-                    self.spark.sql(f"INSERT INTO {src.real} SELECT * FROM {values_sql(initial, self._columns(spec))}")
+                self._append_delta_rs(src, [Op("I", None, row) for row in initial])
                 src.version = 1
         return self.names
 
@@ -576,10 +573,13 @@ class ChangeGenerator:
 
     def _merge(self, src: _Source, ops: list[Op]) -> None:
         """Apply a batch as ONE MERGE: U/D match the pre-state row (by key, or null-safe on all values).
-        Four batches in five are committed by delta-rs instead of Spark (see :meth:`_merge_delta_rs`); the
-        initial rows too (:meth:`create`)."""
+        Four batches in five are committed by delta-rs instead of Spark (see :meth:`_merge_delta_rs`), a batch
+        of inserts only as an append (:meth:`_append_delta_rs`), and so are the initial rows (:meth:`create`)."""
         if src.version % self.SPARK_EVERY != 0 and self._by_delta_rs(src):
-            self._merge_delta_rs(src, ops)
+            if all(op.op == "I" for op in ops):
+                self._append_delta_rs(src, ops)
+            else:
+                self._merge_delta_rs(src, ops)
         else:
             self._merge_spark(src, ops)
         src.version += 1
@@ -620,21 +620,15 @@ class ChangeGenerator:
         engines than Spark too, and their change feeds must be maintained alike. It also costs 40 ms where
         Spark's MERGE costs about a second, which is most of an oracle cycle."""
         import pyarrow as pa
-        from deltalake import DeltaTable
 
         spec = src.spec
         cols = spec.columns
-        if src.path is None:
-            src.path = self.spark.sql(f"DESCRIBE DETAIL {src.real}").first()["location"]
-        table = DeltaTable(src.path)
+        table = self._delta_rs_table(src)
         schema = table.to_pyarrow_dataset().schema
         match = cols[:1] if spec.key else cols
         fields = ([pa.field("op", pa.string())] + [pa.field(f"o_{c}", schema.field(c).type) for c in match]
                   + [schema.field(c) for c in cols])
-        rows = self._change_rows(spec, ops)
-        arrays = [pa.array([r[i] if not isinstance(r[i], tuple) else list(r[i]) for r in rows], f.type)
-                  for i, f in enumerate(fields)]
-        source = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+        source = _arrow(self._change_rows(spec, ops), fields)
         on = " AND ".join(f"(t.{c} IS NOT DISTINCT FROM s.o_{c})" for c in match)
         sets = {c: f"s.{c}" for c in cols}
         (table.merge(source, predicate=f"s.op <> 'I' AND {on}", source_alias="s", target_alias="t")
@@ -642,6 +636,34 @@ class ChangeGenerator:
          .when_matched_update(updates=sets, predicate="s.op = 'U'")
          .when_not_matched_insert(updates=sets, predicate="s.op = 'I'")
          .execute())
+
+
+    def _append_delta_rs(self, src: _Source, ops: list[Op]) -> None:
+        """A batch of inserts only, appended by delta-rs: add actions and no change data files, as any writer
+        that only appends commits them, so the refresh sees an insert-only window (which a MERGE's change
+        data files never are)."""
+        from deltalake import write_deltalake
+
+        table = self._delta_rs_table(src)
+        schema = table.to_pyarrow_dataset().schema
+        write_deltalake(table, _arrow([op.new for op in ops if op.new is not None],
+                                      [schema.field(c) for c in src.spec.columns]), mode="append")
+
+    def _delta_rs_table(self, src: _Source) -> Any:
+        from deltalake import DeltaTable
+
+        if src.path is None:
+            src.path = self.spark.sql(f"DESCRIBE DETAIL {src.real}").first()["location"]
+        return DeltaTable(src.path)
+
+
+def _arrow(rows: Sequence[Sequence[Any]], fields: list[Any]) -> Any:
+    """Rows as an Arrow table of ``fields`` (model arrays are tuples, Arrow's are lists)."""
+    import pyarrow as pa
+
+    arrays = [pa.array([r[i] if not isinstance(r[i], tuple) else list(r[i]) for r in rows], f.type)
+              for i, f in enumerate(fields)]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
 def _model_value(v: Any, kind: str) -> Any:

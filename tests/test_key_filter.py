@@ -178,6 +178,7 @@ def test_the_oracle_batches_hold_every_kind_of_change(monkeypatch: Any) -> None:
     import oracle
 
     monkeypatch.setattr(oracle.ChangeGenerator, "_merge", lambda self, src, ops: None)
+    monkeypatch.setattr(oracle.ChangeGenerator, "_append_delta_rs", lambda self, src, ops: None)  # initial rows
     gen = oracle.ChangeGenerator(type("NoSpark", (), {"sql": lambda self, q: None})(), [A, B, C], SEED)
     gen.create()
     seen: dict[str, set[str]] = {n: set() for n in gen.sources}
