@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_env import short_lived_jvm
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 #: pipeline.runtime's PROBE_TIMEOUT_S and STALL_SECONDS, as README documents them (spelled out, so that
@@ -78,7 +79,7 @@ runtime:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
+    return short_lived_jvm({**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"})
 
 
 def _cli(*args: str) -> list[str]:

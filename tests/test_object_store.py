@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_env import short_lived_jvm
 from oracle import assert_matches
 
 from services.s3 import LOG_STORE, LOG_STORE_KEY, S3Server
@@ -207,7 +208,7 @@ def _conf(tmp: Path, s3: S3Server, warehouse: str, src: str, name: str, query: s
 def _start(conf: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", str(conf)], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True, env=short_lived_jvm(dict(os.environ)))
 
 
 def _job_said(log: Path) -> str:
@@ -241,7 +242,7 @@ def test_trickle_run_on_s3_with_a_second_process_and_a_second_run(
 
         # a second run of the same conf file, while the first lives: refused, with who holds it
         second = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", str(conf)], capture_output=True,
-                                text=True, timeout=300)
+                                text=True, timeout=300, env=short_lived_jvm(dict(os.environ)))
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
         assert "another 'trickle run' of run-s3_pipeline.yaml is running" in second.stderr, second.stderr[-2000:]
 

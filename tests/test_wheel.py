@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_env import clean_env, deps_only_python, source_copy
+from cluster_env import clean_env, deps_only_python, short_lived_jvm, source_copy
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def jars_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _run(cmd: list[str], cwd: Path, cache: Path, path: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = clean_env(TRICKLE_CACHE_DIR=str(cache))  # no TRICKLE_JARS_DIR: the installed package finds its own
+    env = short_lived_jvm(clean_env(TRICKLE_CACHE_DIR=str(cache)))  # no TRICKLE_JARS_DIR: the installed package finds its own
     if path is not None:
         env["PATH"] = path
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900, env=env)
