@@ -399,12 +399,13 @@ def _parsed(sql: str, run_id: str) -> Any:
     Why kept: a refresh's delta SQL is the previous refresh's text but for the run id in its fixpoints'
     relation names (``dvm.Context.run_id``) and the versions its snapshots read (``VERSION AS OF n``), and
     sqlglot's parse of it was 4 ms of a 31 ms aggregate delta (a copy of the kept tree: 0.8 ms;
-    docs/BENCHMARKS.md, "Session 47"); the delta of a query of set operations and joins over three tables
-    parsed 150 KB per refresh, a sixth of its refresh's Python time. The run id goes back into every string
-    of the copy that holds the stand-in, each version into the number that stood in for it. A text where the
-    run id occurs anywhere but right after ``__trickle_fx_`` or ``__trickle_keys_`` (a run id of digits only
-    inside a number, say), or that holds a stand-in itself, is parsed as it is: there the stand-in could change
-    what the text's tokens are."""
+    docs/BENCHMARKS.md, "Session 47"); with the versions in the text, one parse in six missed in an oracle of
+    set operations and joins over three tables, 12 s of its refresh threads' 80 s ("Session 56"). The run id
+    goes back into every string of the copy that holds the stand-in, each version into the number that stood
+    in for it. A text where the run id occurs anywhere but right after ``__trickle_fx_`` or
+    ``__trickle_keys_`` (a run id of digits only inside a number, say), or that holds a stand-in itself, is
+    parsed as it is: there the stand-in could change what the text's tokens are; so is one where ``VERSION AS
+    OF n`` also stands in a string or a comment, which the copy could not give back."""
     import sqlglot
     from sqlglot import exp
 
@@ -420,8 +421,7 @@ def _parsed(sql: str, run_id: str) -> Any:
         versions[number] = m.group(1)
         return f"VERSION AS OF {number}"
 
-    key = _VERSION.sub(stand_in, sql.replace(run_id, _RUN_ID_STAND_IN)) if len(
-        _VERSION.findall(sql)) < 1000 else sql.replace(run_id, _RUN_ID_STAND_IN)
+    key = _VERSION.sub(stand_in, sql.replace(run_id, _RUN_ID_STAND_IN))
     with _PARSED_LOCK:
         kept = _PARSED.get(key)
         if kept is not None:
@@ -434,15 +434,19 @@ def _parsed(sql: str, run_id: str) -> Any:
                 _PARSED.popitem(last=False)
     tree = kept.copy()
     if key != sql:
+        put_back = 0
         for node in tree.walk():
-            if versions and isinstance(node, exp.Literal) and node.this in versions:
+            if versions and isinstance(node, exp.Literal) and not node.is_string and node.this in versions:
                 node.set("this", versions[node.this])
+                put_back += 1
                 continue
             for name, value in list(node.args.items()):
                 if isinstance(value, str) and _RUN_ID_STAND_IN in value:
                     node.set(name, value.replace(_RUN_ID_STAND_IN, run_id))
             if node.comments:
                 node.comments = [c.replace(_RUN_ID_STAND_IN, run_id) for c in node.comments]
+        if put_back != len(versions):  # "VERSION AS OF n" inside a string or a comment: not a version
+            return sqlglot.parse_one(sql, read=SPARK)
     return tree
 
 

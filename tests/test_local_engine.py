@@ -547,6 +547,12 @@ def test_parsed_versions_share_one_kept_parse() -> None:
     assert len(kept) == 1 and local_engine._VERSION_STAND_IN in kept[0]  # noqa: SLF001
     odd = f"SELECT * FROM delta.`/p/t` VERSION AS OF 2 WHERE v = {local_engine._VERSION_STAND_IN}001"  # noqa: SLF001
     assert local_engine._parsed(odd, "0123456789ab") == sqlglot.parse_one(odd, read=SPARK)  # noqa: SLF001
+    # the words in a string: the tree keeps the string as written
+    said = ("SELECT 'VERSION AS OF 5' AS s FROM delta.`/p/t` VERSION AS OF 2 JOIN "
+            "global_temp.__trickle_fx_0123456789ab_0 f ON TRUE")
+    for _ in range(2):
+        tree = local_engine._parsed(said, "0123456789ab")  # noqa: SLF001
+        assert tree == sqlglot.parse_one(said, read=SPARK) and "'VERSION AS OF 5'" in tree.sql(SPARK)
 
 
 def test_parsed_run_id_elsewhere_is_parsed_as_is() -> None:
