@@ -637,7 +637,6 @@ class ChangeGenerator:
          .when_not_matched_insert(updates=sets, predicate="s.op = 'I'")
          .execute())
 
-
     def _append_delta_rs(self, src: _Source, ops: list[Op]) -> None:
         """A batch of inserts only, appended by delta-rs: add actions and no change data files, as any writer
         that only appends commits them, so the refresh sees an insert-only window (which a MERGE's change
