@@ -441,7 +441,10 @@ class DeltaLog:
                     m = TableMeta.from_action(a["metaData"])
                     if schema_changed is None and self._shape_changed(pre, v, m):
                         schema_changed = v
-                elif "cdc" in a or ("remove" in a and (a["remove"] or {}).get("dataChange", True)):
+                elif "remove" in a and (a["remove"] or {}).get("dataChange", True):
+                    # a cdc file alone does not end it: rows are changed or deleted only by removing the
+                    # file that holds them (a deletion vector re-adds it), and delta-rs' MERGE writes cdc
+                    # files for its inserts too
                     insert_only = False
             if truncated is None and _is_truncate(self.commit_info(v)):
                 truncated = v
@@ -506,20 +509,6 @@ class DeltaLog:
             if _is_truncate(self.commit_info(v)):
                 return v
         return None
-
-    def inserts_only_between(self, after: int, upto: int) -> bool:
-        """Whether every commit in (``after``, ``upto``] only added rows: no ``remove`` of data (a DELETE,
-        UPDATE or MERGE that matched rows rewrites or marks files, which removes them), no change-data file
-        (written for updates and deletes) and no metadata change. Reads only the commit files (no Spark job).
-        A False is safe (the caller picks its general rule), so anything unclear answers False."""
-        for v in range(after + 1, upto + 1):
-            actions = self.actions(v)
-            if not actions:
-                return False
-            for a in actions:
-                if ("remove" in a and (a["remove"] or {}).get("dataChange", True)) or "cdc" in a or "metaData" in a:
-                    return False
-        return True
 
     def marked_without_changes_between(self, after: int, upto: int) -> int | None:
         """The first version in (``after``, ``upto``] whose change only its deletion vectors tell: a

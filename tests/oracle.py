@@ -639,8 +639,8 @@ class ChangeGenerator:
 
     def _append_delta_rs(self, src: _Source, ops: list[Op]) -> None:
         """A batch of inserts only, appended by delta-rs: add actions and no change data files, as any writer
-        that only appends commits them, so the refresh sees an insert-only window (which a MERGE's change
-        data files never are)."""
+        that only appends commits them (the refresh sees an insert-only window either way: see
+        ``DeltaLog.window``)."""
         from deltalake import write_deltalake
 
         table = self._delta_rs_table(src)

@@ -26,6 +26,42 @@ def test_window_counts_change_data_files(spark: Any, unique_name: Any) -> None:
     assert update > append
 
 
+def test_a_merge_that_only_inserts_is_an_insert_only_window(spark: Any, unique_name: Any) -> None:
+    """delta-rs' MERGE writes change data files for its inserts too; a window of such commits is still
+    insert-only (no data file removed), which the semi-naive recursion and the quiet-window check read.
+    Its MERGE that updates a row is not."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from connectors.delta_log import DeltaLog
+
+    name = unique_name("ins_merge")
+    spark.sql(f"CREATE TABLE {name} (id BIGINT, v INT) USING delta TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    spark.sql(f"INSERT INTO {name} SELECT id, 0 FROM range(10)")
+    path = str(spark.sql(f"DESCRIBE DETAIL {name}").collect()[0]["location"])
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.int32())])
+
+    def merge(rows: list[tuple[int, int]]) -> int:
+        table = DeltaTable(path)
+        source = pa.Table.from_pylist([{"id": i, "v": v} for i, v in rows], schema=schema)
+        (table.merge(source, predicate="t.id = s.id", source_alias="s", target_alias="t")
+         .when_matched_update(updates={"v": "s.v"}).when_not_matched_insert_all().execute())
+        return DeltaTable(path).version()
+
+    log = DeltaLog(spark, path)
+    first = log.latest_version()
+    inserted = merge([(100, 1), (101, 2)])
+    assert any("cdc" in a for a in DeltaLog(spark, path).actions(inserted)), "delta-rs wrote no cdc file: vacuous"
+    log = DeltaLog(spark, path)
+    assert log.window(first, inserted).insert_only
+    updated = merge([(1, 5), (102, 3)])
+    log = DeltaLog(spark, path)
+    assert not log.window(inserted, updated).insert_only
+    assert not log.window(first, updated).insert_only
+    changes = spark.sql(f"SELECT id, _change_type FROM table_changes('{name}', {inserted}, {inserted})").collect()
+    assert sorted((r.id, r._change_type) for r in changes) == [(100, "insert"), (101, "insert")]
+
+
 def test_auto_recomputes_when_most_of_the_source_changed(spark: Any, st: Any, make_source: Any,
                                                           unique_name: Any) -> None:
     """Half the source rewritten in one MERGE: AUTO recomputes, says why with the ratio, and equals the query."""
