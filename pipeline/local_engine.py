@@ -466,7 +466,17 @@ class _Translator:
                           exp.Length, exp.Window, exp.Join)
 
     def __call__(self, sql: str) -> str:
-        tree = _parsed(sql, self.engine.ctx.run_id)
+        return self._translated(_parsed(sql, self.engine.ctx.run_id))
+
+    def expression(self, sql: str) -> str:
+        """A Spark SQL expression (a key filter's predicate) as DuckDB's."""
+        import sqlglot
+
+        from dvm import SPARK
+
+        return self._translated(sqlglot.parse_one(sql, read=SPARK))
+
+    def _translated(self, tree: Any) -> str:
         targets = []  # one walk: the check, and the nodes the later steps look at
         for node in tree.walk():
             self._check(node)
@@ -967,20 +977,23 @@ class LocalEngine:
             raise Unsupported(f"a read of {node.sql('spark')}")
         return exp.Table(this=exp.to_identifier(name), alias=alias.copy() if alias else None)
 
-    def bind(self, sql: str) -> str:
-        """``sql`` with its key filters' tokens replaced by predicates (see :func:`pipeline.fixpoints.bind`),
-        their keys read by DuckDB."""
+    def bind(self, translated: str) -> str:
+        """``translated`` (DuckDB SQL) with its key filters' tokens replaced by predicates (see
+        :func:`pipeline.fixpoints.bind`), their keys read by DuckDB. Why after the translation, the tokens
+        left in as identifiers: the keys differ at every refresh, and a text holding them would miss
+        :func:`_parsed`'s kept parse every time (a join's delta over a large table, the one that is key
+        filtered, parsed anew at each refresh); the predicates are translated on their own."""
         for token, spec in self.ctx.key_filters:
-            if token not in sql:
+            if token not in translated:
                 continue
             if token not in self.predicates:
                 q = self.translate(f"SELECT DISTINCT {spec.key} AS k FROM {spec.held} "
                                    f"WHERE {spec.key} IS NOT NULL LIMIT {key_filter.MAX_KEYS + 1}")
                 with self.db.fitted(self.con, self.input_bytes):
                     keys = [r[0] for r in self.con.execute(q).fetchall()]
-                self.predicates[token] = key_filter.predicate(keys, spec.column)
-            sql = sql.replace(token, self.predicates[token])
-        return sql
+                self.predicates[token] = f"({self.translate.expression(key_filter.predicate(keys, spec.column))})"
+            translated = translated.replace(token, self.predicates[token])
+        return translated
 
     def run(self, sql: str) -> Any:
         for name, spec in self.ctx.fixpoints:
@@ -990,7 +1003,7 @@ class LocalEngine:
                 outputs = dict(zip(spec.columns, outputs.values(), strict=False))
             if outputs is not None:
                 self.types[name] = outputs
-            seed = self._netted(spec, self.translate(self.bind(spec.seed)))
+            seed = self._netted(spec, self.bind(self.translate(spec.seed)))
             if spec.step is not None:
                 self._loop(view, spec, seed)
                 continue
@@ -999,7 +1012,7 @@ class LocalEngine:
             kind = "VIEW" if spec.reads_source() else "TABLE"
             with self.db.fitted(self.con, self.input_bytes):
                 self.con.execute(f"CREATE TEMP {kind} {_q(view)} AS {seed}")
-        query = self.translate(self.bind(sql))
+        query = self.bind(self.translate(sql))
         with self.db.fitted(self.con, self.input_bytes):
             result = self.con.sql(query)
             return _spark_types(result.to_arrow_table(), [str(t) for t in result.types])
@@ -1026,7 +1039,7 @@ class LocalEngine:
         from pipeline.fixpoints import LEVEL_LIMIT
 
         limit = int(self.spark.conf.get(LEVEL_LIMIT, "100")) if self.spark is not None else 100
-        step = self._netted(spec, self.translate(self.bind(spec.step or "")))
+        step = self._netted(spec, self.bind(self.translate(spec.step or "")))
 
         def body(rounds: list[str]) -> str:
             if 0 <= limit < len(rounds):  # Spark raises the error the user should see
@@ -1050,6 +1063,7 @@ class LocalEngine:
         levels, max_rows = conf("spark.sql.cteRecursionLevelLimit", "100"), conf("spark.sql.cteRecursionRowLimit",
                                                                                  "1000000")
         named = f" AS __r({', '.join(_q(c) for c in columns)})" if columns else " AS __r"
+        anchor, step = self.bind(anchor), self.bind(step)  # run here, inside the query's translation
         name = self.fresh("__trickle_rec")
         types: list[str] = []
         total = [0]

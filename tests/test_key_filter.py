@@ -242,3 +242,43 @@ def test_null_keyed_rows_a_change_affects_are_kept(spark: Any, st: Any, make_sou
     finally:
         for k in settings:
             spark.conf.unset(k)
+
+
+def test_duckdb_keeps_one_parse_of_a_key_filtered_join(spark: Any, st: Any, make_source: Any) -> None:
+    """A key-filtered join's delta on DuckDB (``verify``: Spark computes it too, and they must agree) over
+    refreshes whose changed keys differ: each is key filtered, computed by DuckDB and equal to the query, and
+    its delta's text is parsed once. The keys differ at every refresh, so a text that held them missed the
+    kept parse every time (pipeline/local_engine.py, ``LocalEngine.bind``)."""
+    from oracle import assert_matches
+
+    from connectors.storage import strip_file_scheme
+    from pipeline import local_engine
+
+    a = make_source("kpa", "id INT, k INT", rows=[(i, i % 5) for i in range(20)])
+    c = make_source("kpc", "id INT, k INT", rows=[(i, i % 7) for i in range(14)])
+    name, query = f"{a}_join", f"SELECT a.id, c.id AS cid FROM {a} a JOIN {c} c ON a.k = c.k"
+    settings = {"trickle.refresh.keyFilterAboveBytes": "1", "trickle.refresh.holdSnapshotsBelowBytes": "0",
+                "trickle.refresh.localEngine": "verify"}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
+    path = strip_file_scheme(spark.sql(f"DESCRIBE DETAIL {a}").first()["location"])
+
+    def kept() -> set[str]:  # the kept parses of this join's delta
+        return {k for k in local_engine._PARSED if path in k and "__trickle_keys_" in k}  # noqa: SLF001
+
+    try:
+        st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL")
+        seen: list[set[str]] = []
+        for i in range(4):  # both sources change at every step: the same delta rule, other keys
+            spark.sql(f"INSERT INTO {a} VALUES ({100 + i}, {10 + 3 * i}), ({200 + i}, {i})")
+            spark.sql(f"UPDATE {c} SET k = {10 + 3 * i} WHERE id = {i}")
+            r = st.refresh_stream_table(name)
+            assert r.action == "DIFFERENTIAL" and "key filter" in r.reason, (i, r.reason)
+            assert r.apply is not None and "delta computed by duckdb" in r.apply, (i, r.apply)
+            assert_matches(spark, st, name, query, f"step {i}")
+            seen.append(kept())
+        assert seen[0] and all(s == seen[0] for s in seen), seen
+    finally:
+        for k in settings:
+            spark.conf.unset(k)
+        spark.conf.set("trickle.refresh.localEngine", "off")  # this module's own setting
