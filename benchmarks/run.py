@@ -32,6 +32,8 @@ the table once, untimed, right after its MERGE (:func:`warm_snapshot`), so that 
 by its place. (Until session 54 this was a ``count(*)``, which Delta answers from the log's statistics
 without that job, so whichever of AUTO, FULL and CTAS scanned first paid it: AUTO twice in four cycles when
 DIFFERENTIAL, first, read only the change feed.) The JSON keeps which went first per cycle (``first``).
+Since session 57 each measured operation also starts after :func:`settle` (the dirty pages written back, then
+0.2 s), untimed, so none shares the cores with what the one before it left running.
 
 Per refresh: wall time and CPU-seconds (this Python process + the Spark driver JVM, which in local mode
 runs the executors too: what a shared cluster pays; see metrics.cpu_seconds), and for DIFFERENTIAL where
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -262,6 +265,22 @@ def gen_only(spark: Any, sizes: list[int], rates: list[float]) -> None:
 
 
 
+#: seconds each measured operation waits, untimed, after the machine's dirty pages are written back
+SETTLE_S = 0.2
+
+
+def settle() -> None:
+    """Start the next measured operation on a quiet machine. What the one before it left behind, dirty pages of
+    the files it wrote (up to 10M rows for a FULL or a CTAS) and the JVM's work after a large job (garbage
+    collection, compiling), otherwise runs beside it on the two cores, and the square balances who follows
+    whom only over whole rounds of four. Session 57's matrix, the 40 cells of at most 1% change, AUTO over
+    DIFFERENTIAL doing the same refreshes, geometric means by the square's order: 0.98x where AUTO came right
+    after DIFFERENTIAL, 1.12x where it came right after a CTAS and DIFFERENTIAL right after it, 1.03x and
+    0.99x; in cells of 50-100 ms refreshes that spread decided medians of 12 (1M / 0.1% join: AUTO 1.25x)."""
+    os.sync()
+    time.sleep(SETTLE_S)
+
+
 def warm_snapshot(spark: Any, table: str) -> None:
     """Build ``table``'s new snapshot state now, untimed, so that no measured refresh or CTAS pays it by its
     place in the order. Planning a scan lists the snapshot's files, which reconstructs its state (a Spark job
@@ -347,8 +366,11 @@ def main(argv: list[str] | None = None) -> int:
                             # places rotate (compiled code and place, see the docstring)
                             order = ORDERS[(i - 1) % len(ORDERS)]
                             ctas = f"CREATE OR REPLACE TABLE bench_ctas_{shape} USING delta AS {SHAPES[shape]}"
-                            got = {k: (timed(spark, partial(spark.sql, ctas)) if k == "ctas"
-                                       else refresh(st, names[(shape, k)])) for k in order}
+                            got = {}
+                            for k in order:
+                                settle()
+                                got[k] = (timed(spark, partial(spark.sql, ctas)) if k == "ctas"
+                                          else refresh(st, names[(shape, k)]))
                             (d, d_cpu, made), (a, a_cpu, _), (f, f_cpu, _) = got["diff"], got["auto"], got["full"]
                             c, c_cpu = got["ctas"]
                             assert d.result.action == "DIFFERENTIAL", d.result
