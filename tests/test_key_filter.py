@@ -20,7 +20,7 @@ from dvm.key_filter import MAX_IN, MAX_RANGES, KeyFilter, keys_query, predicate,
 from dvm.operators.join import equi_keys
 from tests.conftest import local_engine_mode
 
-_engine = local_engine_mode("off")  # this module tests Spark's own delta job
+_engine = local_engine_mode("off")  # this module tests Spark's own delta job (one test: DuckDB's, verified)
 
 CYCLES = int(os.environ.get("TRICKLE_ORACLE_CYCLES", "20"))
 
@@ -249,7 +249,7 @@ def test_duckdb_keeps_one_parse_of_a_key_filtered_join(spark: Any, st: Any, make
     refreshes whose changed keys differ: each is key filtered, computed by DuckDB and equal to the query, and
     its delta's text is parsed once. The keys differ at every refresh, so a text that held them missed the
     kept parse every time (pipeline/local_engine.py, ``LocalEngine.bind``)."""
-    from oracle import assert_matches
+    from oracle import assert_matches, session_conf
 
     from connectors.storage import strip_file_scheme
     from pipeline import local_engine
@@ -259,14 +259,12 @@ def test_duckdb_keeps_one_parse_of_a_key_filtered_join(spark: Any, st: Any, make
     name, query = f"{a}_join", f"SELECT a.id, c.id AS cid FROM {a} a JOIN {c} c ON a.k = c.k"
     settings = {"trickle.refresh.keyFilterAboveBytes": "1", "trickle.refresh.holdSnapshotsBelowBytes": "0",
                 "trickle.refresh.localEngine": "verify"}
-    for k, v in settings.items():
-        spark.conf.set(k, v)
     path = strip_file_scheme(spark.sql(f"DESCRIBE DETAIL {a}").first()["location"])
 
     def kept() -> set[str]:  # the kept parses of this join's delta
         return {k for k in local_engine._PARSED if path in k and "__trickle_keys_" in k}  # noqa: SLF001
 
-    try:
+    with session_conf(spark, settings):  # then back to what was set (this module: engine "off")
         st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL")
         seen: list[set[str]] = []
         for i in range(4):  # both sources change at every step: the same delta rule, other keys
@@ -278,7 +276,3 @@ def test_duckdb_keeps_one_parse_of_a_key_filtered_join(spark: Any, st: Any, make
             assert_matches(spark, st, name, query, f"step {i}")
             seen.append(kept())
         assert seen[0] and all(s == seen[0] for s in seen), seen
-    finally:
-        for k in settings:
-            spark.conf.unset(k)
-        spark.conf.set("trickle.refresh.localEngine", "off")  # this module's own setting
