@@ -217,12 +217,19 @@ RETRY_BELOW_FULLS = 3.0
 #: it cost AUTO 1.3-2.1x the faster mode in the benchmark's cells where DIFFERENTIAL was 8-20x faster
 COLD_FULL_SHARE = 0.25
 #: a table AUTO keeps recomputing has its DIFFERENTIAL refresh measured again once in this many refreshes
-#: (what a delta costs changes with the table and the machine), where it may win (:data:`REMEASURE_WITHIN`)
+#: (what a delta costs changes with the table and the machine), where it may win (:data:`REMEASURE_WITHIN`); a
+#: table it keeps refreshing by its delta has a FULL refresh measured again as often, where FULL may win
 REMEASURE_EVERY = 20
 #: ... only for a window whose delta is expected to cost at most this many FULL refreshes: beyond it even a
 #: model wrong by half would not make the delta win, and the measurement is pure loss (session 42, 10M rows,
 #: 45% changed: a remeasured scan delta took 45.9 s against FULL's 4.7 s, expected 27 s against 4.6 s)
 REMEASURE_WITHIN = 2.0
+#: a table AUTO keeps refreshing by its delta has a FULL refresh measured once more while the delta is expected
+#: to cost at least this share of the only warm FULL measured so far: one sample decides a close call, and the
+#: first FULL after a run of deltas is a slow one (it replaces the many small files the deltas committed). Session
+#: 58's matrix, 10M rows, 10% change, aggregate: that FULL took 0.81 s, FULL refreshes of the FULL table 0.30-0.54
+#: s, deltas 0.73-0.83 s, and AUTO kept the delta on 0.81 s, 1.70x the faster mode
+RECHECK_SHARE = 0.67
 #: Spark conf: seconds after which AUTO cancels a DIFFERENTIAL refresh and recomputes the table in the same
 #: refresh; default :data:`RETRY_BELOW_FULLS` x this table's FULL refresh, at least :data:`BUDGET_MIN_S`
 AUTO_BUDGET = "trickle.refresh.autoBudgetSeconds"
@@ -328,7 +335,10 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
     Before deciding by the learned costs it measures what it does not know yet, once each: a DIFFERENTIAL
     refresh (two, when the first, cold one was not plainly dearer than FULL) and a warm FULL refresh (the
     initial population is a cold one), the latter only for a window above the floor's change ratio, where a
-    FULL can pay off."""
+    FULL can pay off. Then each mode it keeps not choosing is measured again where it may win: a delta once in
+    :data:`REMEASURE_EVERY` refreshes of a table it recomputes, a FULL once more while one warm FULL alone
+    decides a close call (:data:`RECHECK_SHARE`), and once in :data:`REMEASURE_EVERY` refreshes of a table it
+    keeps refreshing by its delta."""
     if ratio is None:
         return DIFFERENTIAL, "source changes applied as a delta (change ratio unknown)"
     if model.diff_n == 0 and ratio <= EXPLORE_BELOW:
@@ -364,6 +374,14 @@ def auto(ratio: float | None, model: CostModel) -> tuple[str, str]:
         return DIFFERENTIAL, (f"source changes applied as a delta: {ratio:.2%} of the sources changed, above "
                                 f"this table's threshold {threshold:.1%} ({how}), but a DIFFERENTIAL refresh is "
                                 f"measured again once in {REMEASURE_EVERY} refreshes")
+    if ratio <= threshold and expected is not None and full_s is not None:
+        if model.full_n == 2 and expected >= RECHECK_SHARE * full_s:
+            return FULL, (f"FULL: {ratio:.2%} of the sources changed, below this table's threshold {threshold:.1%} "
+                          f"({how}), but that threshold rests on one warm FULL refresh: a delta is expected at "
+                          f"~{expected:.2f} s, so FULL is measured once more")
+        if (model.full_n + model.diff_n) % REMEASURE_EVERY == 0 and full_s <= REMEASURE_WITHIN * expected:
+            return FULL, (f"FULL: {ratio:.2%} of the sources changed, below this table's threshold {threshold:.1%} "
+                          f"({how}), but a FULL refresh is measured again once in {REMEASURE_EVERY} refreshes")
     if ratio > threshold and _slope_assumed(ratio, model, 1.0):
         # the threshold rests on an assumed slope (a delta of half the table costing a FULL refresh), which an
         # aggregate's delta, growing with its changed groups, can miss by several times: learn it once

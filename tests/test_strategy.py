@@ -223,3 +223,33 @@ def test_one_slow_delta_does_not_turn_auto_to_full() -> None:
     cancelled = model.learn("DIFFERENTIAL", 0.676, 30.0, certain=True)
     assert cancelled.slope_s == pytest.approx(0.7 * before + 0.3 * (30.0 - model.floor_s) / (0.676 - model.floor_ratio))
     assert strategy.auto(0.60, cancelled)[0] == "FULL"
+
+
+def test_auto_measures_full_again_when_one_warm_full_decides_a_close_call() -> None:
+    """The matrix's aggregate at 10M rows and 10% change (session 58): the one warm FULL AUTO measured took
+    0.81 s (the first FULL after a run of deltas replaces their many small files), FULL refreshes of the FULL
+    table 0.30-0.54 s, deltas ~0.8 s. On that one sample AUTO kept the delta, 1.70x the faster mode. A close
+    call gets FULL measured once more; a clear one does not; a table AUTO keeps refreshing by its delta has
+    FULL measured again once in REMEASURE_EVERY refreshes, where it may win."""
+    model = (CostModel().learn("FULL", None, 1.72).learn("DIFFERENTIAL", 0.002, 0.08)
+             .learn("DIFFERENTIAL", 0.002, 0.05).learn("DIFFERENTIAL", 0.16, 0.85))
+    action, reason = strategy.auto(0.16, model)
+    assert action == "FULL" and "initial population (a cold start)" in reason
+    model = model.learn("FULL", None, 0.81)
+    assert model.full_n == 2 and model.threshold()[0] == pytest.approx(0.152, abs=0.001)
+    action, reason = strategy.auto(0.15, model)  # a delta expected at ~0.80 s against one FULL of 0.81 s
+    assert action == "FULL" and "rests on one warm FULL refresh" in reason and "once more" in reason
+    assert strategy.auto(0.05, model)[0] == "DIFFERENTIAL"  # expected ~0.29 s: FULL cannot win
+    rechecked = model.learn("FULL", None, 0.45)
+    assert rechecked.full_s == pytest.approx(0.7 * 0.81 + 0.3 * 0.45)
+    action, reason = strategy.auto(0.15, rechecked)
+    assert action == "FULL" and "above this table's threshold" in reason
+    # FULL again once in REMEASURE_EVERY refreshes while a delta is expected at more than half of FULL
+    model = rechecked
+    while (model.full_n + model.diff_n) % strategy.REMEASURE_EVERY:
+        assert strategy.auto(0.08, model)[0] == "DIFFERENTIAL"  # expected ~0.44 s against FULL's 0.70 s
+        model = model.learn("DIFFERENTIAL", 0.08, 0.44)
+    action, reason = strategy.auto(0.08, model)
+    assert action == "FULL" and "measured again once in" in reason
+    assert strategy.auto(0.01, model)[0] == "DIFFERENTIAL"  # expected at the floor: FULL cannot win
+    assert strategy.auto(0.08, model.learn("FULL", None, 0.70))[0] == "DIFFERENTIAL"
