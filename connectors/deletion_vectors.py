@@ -41,6 +41,7 @@ offset (of its size field) and size.
 from __future__ import annotations
 
 import array
+import functools
 import json
 import os
 import struct
@@ -164,9 +165,32 @@ def with_marked(old: bytes | None, fresh: np.ndarray) -> tuple[bytes, int]:
 def marked_among(root: str, descriptor: dict[str, Any], positions: np.ndarray) -> np.ndarray:
     """Whether each of ``positions`` is already marked in the vector ``descriptor`` names: an intersection of
     bitmaps, whose cost follows the positions asked about rather than the vector's size."""
-    vector = _bitmaps(vector_bytes(root, descriptor))
+    vector = _read_bitmaps(vector_bytes(root, descriptor))
     common = {key: bitmap & vector[key] for key, bitmap in _split(positions).items() if key in vector}
     return np.isin(np.asarray(positions, dtype=np.uint64), _positions(common))
+
+
+def _read_bitmaps(data: bytes) -> dict[int, Any]:
+    """:func:`_bitmaps` of a vector, kept for the same bytes object (:func:`vector_bytes` hands out the one it
+    keeps): the big files' vectors are asked about at every refresh. The answer is shared: do not modify it."""
+    with _DECODED_LOCK:
+        kept = _DECODED.get(id(data))
+        if kept is not None and kept[0] is data:
+            return kept[1]
+    bitmaps = _bitmaps(data)
+    with _DECODED_LOCK:
+        _DECODED[id(data)] = (data, bitmaps)
+        while len(_DECODED) > _DECODED_KEPT:
+            _DECODED.popitem(last=False)
+    return bitmaps
+
+
+@functools.lru_cache(maxsize=4096)
+def _vector_path(root: str, storage_type: str, stored: str) -> str:
+    """:func:`_vector_file`, absolute, kept by its inputs: a refresh asks again for the vectors of the files it
+    searches and marks, and decoding the name each time cost 30 us a vector (0.2 ms of a 40 ms refresh of the
+    floor's filter table, session 59)."""
+    return os.path.abspath(_vector_file(root, {"storageType": storage_type, "pathOrInlineDv": stored}))
 
 
 def _vector_file(root: str, descriptor: dict[str, Any]) -> str:
@@ -188,6 +212,10 @@ def _vector_file(root: str, descriptor: dict[str, Any]) -> str:
 _VECTORS: OrderedDict[tuple[str, int], bytes] = OrderedDict()
 _VECTORS_LOCK = threading.Lock()
 _VECTORS_KEPT = 64 << 20
+#: decoded vectors (see :func:`_read_bitmaps`), by the identity of their bytes, which each entry holds alive
+_DECODED: OrderedDict[int, tuple[bytes, dict[int, Any]]] = OrderedDict()
+_DECODED_LOCK = threading.Lock()
+_DECODED_KEPT = 256
 _vectors_bytes = 0
 
 
@@ -207,7 +235,8 @@ def vector_bytes(root: str, descriptor: dict[str, Any]) -> bytes:
     """The ``RoaringBitmapArray`` a descriptor (an ``add``'s ``deletionVector``) names, inline or in a file."""
     if descriptor["storageType"] == "i":
         return unz85(str(descriptor["pathOrInlineDv"]))[: int(descriptor["sizeInBytes"])]
-    key = (os.path.abspath(_vector_file(root, descriptor)), int(descriptor.get("offset") or 1))
+    key = (_vector_path(root, descriptor["storageType"], str(descriptor["pathOrInlineDv"])),
+           int(descriptor.get("offset") or 1))
     with _VECTORS_LOCK:
         kept = _VECTORS.get(key)
     if kept is not None and len(kept) == int(descriptor["sizeInBytes"]):
@@ -388,26 +417,32 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array,
     indexes.retain(os.path.join(base, ""), set(keys.values()))
 
     def scan(rel: str, index: hash_index.FileIndex | None) -> hash_index.Found | None:
-        add, key = files[rel], keys[rel]
         if index is not None:
-            found = hash_index.find(index, wanted)
-        else:
-            columns = pq.read_table(key[0], columns=[ROW_HASH, ROW_ID])
-            stored, ids = (columns[c].to_numpy().astype(np.int64, copy=False) for c in (ROW_HASH, ROW_ID))
-            found = hash_index.probe(stored, ids, wanted)
-            indexes.build_later(key, stored, ids)
-        if len(found.positions) and add.get("deletionVector"):
-            live = ~marked_among(root, add["deletionVector"], found.positions)
-            found = hash_index.Found(*(column[live] for column in found))
-        return found if len(found.positions) else None
+            return live(rel, hash_index.find(index, wanted))
+        columns = pq.read_table(keys[rel][0], columns=[ROW_HASH, ROW_ID])
+        stored, ids = (columns[c].to_numpy().astype(np.int64, copy=False) for c in (ROW_HASH, ROW_ID))
+        indexes.build_later(keys[rel], stored, ids)
+        return live(rel, hash_index.probe(stored, ids, wanted))
+
+    def live(rel: str, found: hash_index.Found | None) -> hash_index.Found | None:
+        if found is not None and len(found.positions) and files[rel].get("deletionVector"):
+            alive = ~marked_among(root, files[rel]["deletionVector"], found.positions)
+            found = hash_index.Found(*(column[alive] for column in found))
+        return found if found is not None and len(found.positions) else None
 
     todo = files_bounding(files, ROW_HASH, wanted)
     held = {rel: indexes.get(keys[rel]) for rel in todo}
     # files read from disk, and many wanted hashes, go side by side (both release the GIL); a few wanted
     # hashes in indexes held in memory are searched here: the pool cost more than the searches (0.5 ms of
-    # a 65 ms refresh of the floor's filter table, session 45)
+    # a 65 ms refresh of the floor's filter table, session 45), and the small files among them together
     alone = {rel for rel, index in held.items() if index is not None and len(wanted) < SEARCHES_SIDE_BY_SIDE}
-    found = {rel: scan(rel, held[rel]) for rel in todo if rel in alone}
+    small = _joinable({rel: held[rel] for rel in todo if rel in alone})
+    found: dict[str, hash_index.Found | None] = {}
+    if len(small) > 1:
+        joint = hash_index.find_joint(indexes.together(os.path.join(base, ""), [(keys[r], held[r]) for r in small]),
+                                      wanted)
+        found.update((rel, live(rel, joint.get(keys[rel]))) for rel in small)
+    found.update((rel, scan(rel, held[rel])) for rel in todo if rel in alone and rel not in found)
     rest = [rel for rel in todo if rel not in alone]
     if rest:
         with ThreadPoolExecutor(max_workers=4) as pool:
@@ -419,6 +454,18 @@ def locate(path: str, files: dict[str, dict[str, Any]], hashes: pa.Array,
                      POSITION: pa.array(np.concatenate([f.positions for _, f in hits]), pa.int64()),
                      ROW_ID: pa.array(np.concatenate([f.ids for _, f in hits]), pa.int64()),
                      ROW_HASH: pa.array(np.concatenate([f.hashes for _, f in hits]), pa.int64())})
+
+
+def _joinable(held: dict[str, Any]) -> list[str]:
+    """The files whose indexes are searched as one :class:`connectors.hash_index.Joint`: those of at most
+    ``SMALL_FILE_ROWS`` rows, in order, up to ``JOINT_ROWS`` rows in all."""
+    out, rows = [], 0
+    for rel, index in held.items():
+        n = len(index.hashes)
+        if n <= hash_index.SMALL_FILE_ROWS and rows + n <= hash_index.JOINT_ROWS:
+            out.append(rel)
+            rows += n
+    return out
 
 
 #: each file's bounds on a column, by the file's statistics text and the column: a refresh asks for every live

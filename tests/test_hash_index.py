@@ -87,3 +87,63 @@ def test_locate_answers_from_the_index_without_reading_the_file_again(tmp_path: 
 
 def _padded(data: bytes) -> bytes:
     return data + b"\x00" * (-len(data) % 4)  # Z85 encodes 4-byte groups
+
+
+def test_a_joint_of_small_files_finds_what_each_file_finds_as_files_come_and_go() -> None:
+    """Several small files searched as one (``Indexes.together``): the same rows per file as :func:`find`,
+    when the joint is built, when files are merged into the kept one, and when a file leaves (rebuilt)."""
+    rng = np.random.default_rng(11)
+    parts = []
+    for i in range(6):
+        hashes = rng.integers(-30, 30, size=int(rng.integers(1, 40))).astype(np.int64)  # duplicates across files
+        parts.append(((f"/t/{i}.parquet", i), hi.build(hashes, rng.permutation(len(hashes)).astype(np.int64) + 100 * i)))
+    wanted = np.unique(rng.integers(-35, 35, size=25).astype(np.int64))
+    store = hi.Indexes()
+
+    def check(joint: hi.Joint, picked: list[Any]) -> None:
+        got = hi.find_joint(joint, wanted)
+        for key, index in picked:
+            expect = hi.find(index, wanted)
+            if len(expect.positions) == 0:
+                assert key not in got
+            else:
+                assert all(a.tolist() == b.tolist() for a, b in zip(got[key], expect, strict=True)), key
+        assert set(got) <= {k for k, _ in picked}
+
+    first = store.together("/t/", parts[:3])
+    check(first, parts[:3])
+    assert store.together("/t/", list(reversed(parts[:3]))) is first  # the same files: kept
+    grown = store.together("/t/", parts[:5])  # two files added: merged into the kept one
+    check(grown, parts[:5])
+    assert grown.keys[:3] == first.keys
+    assert grown.index.hashes.tolist() == sorted(grown.index.hashes.tolist())
+    shrunk = store.together("/t/", parts[1:6])  # one file gone: built again
+    check(shrunk, parts[1:6])
+    assert parts[0][0] not in shrunk.keys
+
+
+def test_locate_over_many_small_files_finds_the_same_rows_with_and_without_the_joint(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = str(tmp_path)
+    rng = np.random.default_rng(3)
+    files = dict(_file(root, f"f{i}.parquet", rng.integers(0, 40, size=8).tolist(), 1000 * i) for i in range(12))
+    wanted = pa.array(rng.integers(0, 45, size=10), pa.int64())
+    order = [("__file", "ascending"), ("__position", "ascending")]
+    dv.locate(root, files, wanted)
+    dv.hash_index.INDEXES.wait()
+    joints, real = [], hi.find_joint
+    monkeypatch.setattr(hi, "find_joint", lambda joint, wanted: joints.append(len(joint.keys)) or real(joint, wanted))
+    joint = dv.locate(root, files, wanted).sort_by(order)
+    assert joints == [len(files)]  # every file, in one search
+    small = dv.hash_index.SMALL_FILE_ROWS
+    try:
+        dv.hash_index.SMALL_FILE_ROWS = 0  # every file searched on its own
+        alone = dv.locate(root, files, wanted).sort_by(order)
+    finally:
+        dv.hash_index.SMALL_FILE_ROWS = small
+    assert joint.num_rows > 0 and joint.equals(alone)
+    stored = pa.concat_tables(pq.read_table(os.path.join(root, f)).append_column(
+        "__file", pa.array([f] * 8)) for f in files)
+    expect = stored.filter(pa.compute.is_in(stored["__row_hash"], value_set=wanted))
+    assert sorted(zip(joint["__file"].to_pylist(), joint["__row_id"].to_pylist(), strict=True)) == sorted(
+        zip(expect["__file"].to_pylist(), expect["__row_id"].to_pylist(), strict=True))

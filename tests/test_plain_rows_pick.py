@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -62,6 +63,14 @@ def test_fresh_ids_avoid_the_deleted_ones_and_follow_the_salt() -> None:
     assert a["__row_id"].to_pylist() == b["__row_id"].to_pylist() != c["__row_id"].to_pylist()
     inserted = a.filter(pa.compute.invert(a["__del"]))["__row_id"].to_pylist()
     assert 7 not in inserted and len(set(inserted)) == 50
+
+
+def test_fresh_ids_drawn_again_where_they_meet_a_deleted_id_stay_distinct() -> None:
+    first = plain_rows._fresh_ids(1000, np.empty(0, np.int64), "z")
+    taken = first[::7]  # the deleted ids happen to be ones the salt draws first
+    again = plain_rows._fresh_ids(1000, taken, "z")
+    assert len(np.unique(again)) == 1000 and not np.isin(again, taken).any()
+    assert (again == first)[~np.isin(first, taken)].all()  # only the clashing ones were drawn again
 
 
 def test_empty_delta() -> None:
