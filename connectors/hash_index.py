@@ -17,6 +17,10 @@ each lookup (:meth:`Indexes.retain`), and all indexes together hold at most the 
 read and probed by a linear scan (:func:`probe`), as before, and its index is built in a background thread
 for the next refresh (:meth:`Indexes.build_later`); a file beyond the budget is probed so every time. A file
 spark-trickle writes gets its index from the rows in hand, and a process that restarts builds them again.
+
+A table refreshed by small commits gains a small file per refresh; the small files' indexes are searched
+together, as one :class:`Joint` per table kept between refreshes (:meth:`Indexes.together`), so a refresh
+pays one binary search for them, not one per file.
 """
 
 from __future__ import annotations
