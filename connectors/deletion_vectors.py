@@ -165,24 +165,9 @@ def with_marked(old: bytes | None, fresh: np.ndarray) -> tuple[bytes, int]:
 def marked_among(root: str, descriptor: dict[str, Any], positions: np.ndarray) -> np.ndarray:
     """Whether each of ``positions`` is already marked in the vector ``descriptor`` names: an intersection of
     bitmaps, whose cost follows the positions asked about rather than the vector's size."""
-    vector = _read_bitmaps(vector_bytes(root, descriptor))
+    vector = _bitmaps(vector_bytes(root, descriptor))
     common = {key: bitmap & vector[key] for key, bitmap in _split(positions).items() if key in vector}
     return np.isin(np.asarray(positions, dtype=np.uint64), _positions(common))
-
-
-def _read_bitmaps(data: bytes) -> dict[int, Any]:
-    """:func:`_bitmaps` of a vector, kept for the same bytes object (:func:`vector_bytes` hands out the one it
-    keeps): the big files' vectors are asked about at every refresh. The answer is shared: do not modify it."""
-    with _DECODED_LOCK:
-        kept = _DECODED.get(id(data))
-        if kept is not None and kept[0] is data:
-            return kept[1]
-    bitmaps = _bitmaps(data)
-    with _DECODED_LOCK:
-        _DECODED[id(data)] = (data, bitmaps)
-        while len(_DECODED) > _DECODED_KEPT:
-            _DECODED.popitem(last=False)
-    return bitmaps
 
 
 @functools.lru_cache(maxsize=4096)
@@ -212,10 +197,6 @@ def _vector_file(root: str, descriptor: dict[str, Any]) -> str:
 _VECTORS: OrderedDict[tuple[str, int], bytes] = OrderedDict()
 _VECTORS_LOCK = threading.Lock()
 _VECTORS_KEPT = 64 << 20
-#: decoded vectors (see :func:`_read_bitmaps`), by the identity of their bytes, which each entry holds alive
-_DECODED: OrderedDict[int, tuple[bytes, dict[int, Any]]] = OrderedDict()
-_DECODED_LOCK = threading.Lock()
-_DECODED_KEPT = 256
 _vectors_bytes = 0
 
 
