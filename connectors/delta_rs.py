@@ -455,14 +455,18 @@ def checkpoint_due(version: int, configuration: dict[str, str]) -> bool:
     return interval > 0 and version > 0 and version % interval == 0
 
 
-def checkpoint(path: str, version: int) -> bool:
+def checkpoint(path: str, version: int, shared: bool = True) -> bool:
     """Write a classic checkpoint of the local table at ``version`` unless one is there (Spark writes its own
     commits'); whether it wrote one. The caller checked that the table's features are ones written here:
-    delta-rs keeps deletion vectors and change data settings in it, and Spark reads it."""
+    delta-rs keeps deletion vectors and change data settings in it, and Spark reads it. ``shared=False``
+    opens a table of its own rather than :func:`opened`'s, for a thread other than the readers' (see
+    :mod:`connectors.log_checkpoints`)."""
+    from deltalake import DeltaTable
+
     local = _local_or_refuse(path)
     if os.path.exists(os.path.join(local, "_delta_log", f"{version:020d}.checkpoint.parquet")):
         return False
-    opened(path, version).create_checkpoint()
+    (opened(path, version) if shared else DeltaTable(local, version=version)).create_checkpoint()
     return True
 
 

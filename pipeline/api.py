@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import dvm
-from connectors import delta_sink
+from connectors import delta_sink, log_checkpoints
 from connectors.delta_log import DeltaLog
 from connectors.storage import strip_file_scheme
 from dvm import PREV, quote
@@ -247,6 +247,7 @@ class StreamTables:
         except Exception:
             self.catalog.delete(key)
             self.catalog.drop_history(key)
+            log_checkpoints.settle(path)
             self.catalog.storage.delete_tree(path)
             raise
 
@@ -368,6 +369,7 @@ class StreamTables:
             self.spark.sql(f"DROP TABLE IF EXISTS {key}")
         metastore.unpublish(self.spark, key, d.path)
         strata.restratify(self.catalog)
+        log_checkpoints.settle(d.path)
         self.catalog.storage.delete_tree(d.path)
         self.catalog.storage.delete_tree(self.catalog.checkpoint_path(key))
         self.refresher._plans = {k: v for k, v in self.refresher._plans.items() if k[0] != key}

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from connectors import log_checkpoints
 from connectors.delta_log import _CHECKPOINT, _COMMIT, DeltaLog
 from connectors.storage import LocalStorage, Storage, for_uri, join
 from pipeline.modes import RefreshMode
@@ -316,6 +317,7 @@ def maintain_table(spark: Any, path: str, needed: int | None, floor: int | None,
     """All five steps on one table; a step that fails is reported and skipped, the others still run."""
     report = TableReport(path, name, needed)
     now = time.time() if now is None else now
+    log_checkpoints.settle(path)  # the table's log is housekeeping's alone while it runs
     steps = [("purge", lambda: purge(spark, path, report, settings)),
              ("compaction", lambda: compact(path, report, settings)),
              ("checkpoint", lambda: checkpoint(spark, path, report, settings)),

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from connectors import log_checkpoints
 from connectors.delta_log import DeltaLog
 
 
@@ -203,6 +204,7 @@ def test_own_commits_checkpoint_the_log_every_interval(spark: Any, st: Any, make
         spark.sql(f"UPDATE {src} SET v = v + 1 WHERE id % 3 = {cycle % 3}")
         r = st.refresh_stream_table(name)
         assert (r.apply or "").startswith("MERGE (own)"), r
+    log_checkpoints.settle(path)  # written in the background, off the refresh's path
     assert os.path.exists(os.path.join(log, f"{10:020d}.checkpoint.parquet")), sorted(os.listdir(log))
     assert json.loads(open(os.path.join(log, "_last_checkpoint")).read())["version"] == 10
     assert rows(spark.read.format("delta").load(path).select("k", "total", "n")) == rows(spark.sql(query))
