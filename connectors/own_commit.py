@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from connectors.delta_log import TRICKLE_KEY
 from connectors.delta_rs import CommitFailed
-from connectors.storage import local_path, write_new
+from connectors.storage import local_path, write_new, write_whole
 
 ENGINE = "spark-trickle"
 #: writer features honoured here: change data and vectors are written as Spark writes them, timestamps without
@@ -228,20 +228,15 @@ def commit(root: str, read_version: int, actions: list[dict[str, Any]], operatio
 
 
 def put_if_absent(target: str, text: str, sync: bool = False) -> None:
-    """Create ``target`` with ``text`` unless it exists (another writer's commit): a hard link of a finished
-    temporary file, atomic on POSIX file systems. ``sync``: the file, then its folder, on the disk."""
-    folder = os.path.dirname(target)
-    temp = os.path.join(folder, f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
-    write_new(temp, text.encode("utf-8"), sync=sync)
+    """Create ``target`` with ``text`` unless it exists (another writer's commit), whole or not at all (see
+    :func:`connectors.storage.write_whole`). ``sync``: the file, then its folder, on the disk."""
     try:
-        os.link(temp, target)
+        write_whole(target, text.encode("utf-8"), sync=sync)
     except FileExistsError as e:
         raise CommitFailed(f"version {os.path.basename(target)[:20].lstrip('0') or '0'} was committed by "
                            "another writer") from e
-    finally:
-        os.unlink(temp)
     if sync:
-        sync_folder(folder)
+        sync_folder(os.path.dirname(target))
 
 
 def sync_folder(folder: str) -> None:

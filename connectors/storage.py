@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Uri", "Storage", "LocalStorage", "HadoopStorage", "local_path", "strip_file_scheme", "is_local",
-           "location", "join", "for_uri", "Exists", "write_new"]
+           "location", "join", "for_uri", "Exists", "write_new", "write_whole"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: stores where one PUT replaces an object atomically and rename is a copy: files are written in place
@@ -188,15 +188,10 @@ class LocalStorage(Storage):
             os.close(fd)
 
     def put_if_absent(self, path: str, text: str) -> None:
-        p = _local(path)
-        tmp = self._tmp(p, text)
         try:
-            os.link(tmp, p)  # a hard link fails when the name exists: the whole file appears, or nothing
+            write_whole(_local(path), text.encode("utf-8"))
         except FileExistsError:
             raise Exists(path) from None
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
 
     def list(self, folder: str) -> list[str]:
         try:
@@ -238,13 +233,88 @@ def write_new(path: str, data: Any, sync: bool = False) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[os.write(fd, view):]
-        if sync:
-            os.fsync(fd)
+        _write_all(fd, data, sync)
     finally:
         os.close(fd)
+
+
+#: folders where the file system refused an unnamed file (``O_TMPFILE``): :func:`write_whole` names a temporary one
+_NO_TMPFILE: set[str] = set()
+
+
+def write_whole(path: str, data: Any, sync: bool = False) -> None:
+    """Create the local file ``path`` holding ``data``, appearing whole or not at all (a reader never sees it
+    empty or torn); FileExistsError when it exists, in the same step (a put-if-absent). ``sync``: the file on
+    disk before it appears (the folder's entry is the caller's to sync).
+
+    How: the data goes into an unnamed file in the folder (Linux's ``O_TMPFILE``), which a hard link then
+    names; where the file system has no unnamed files, into a named temporary file linked the same way and
+    then removed. Why not always the latter: it is two more changes of the folder (the temporary name made,
+    then removed), and a refresh's commit and history record each paid them (docs/BENCHMARKS.md, "Session
+    60")."""
+    folder = os.path.dirname(path) or "."
+    unnamed = getattr(os, "O_TMPFILE", None)
+    if unnamed is not None and folder not in _NO_TMPFILE:
+        try:
+            fd = os.open(folder, unnamed | os.O_WRONLY, 0o666)
+        except FileNotFoundError:
+            os.makedirs(folder, exist_ok=True)
+            return write_whole(path, data, sync)
+        except OSError:  # EOPNOTSUPP, EISDIR, EINVAL: this file system has no unnamed files
+            _NO_TMPFILE.add(folder)
+        else:
+            try:
+                _write_all(fd, data, sync)
+                if (fds := _own_fds()) is not None:
+                    # linkat(AT_SYMLINK_FOLLOW) of the file's /proc entry; os.link calls plain link() unless
+                    # given a folder descriptor, and link() does not follow it
+                    os.link(str(fd), path, src_dir_fd=fds, follow_symlinks=True)
+                    return
+                _NO_TMPFILE.add(folder)  # no /proc to name the file by: named temporary files
+            finally:
+                os.close(fd)
+    temp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    write_new(temp, data, sync=sync)
+    try:
+        os.link(temp, path)  # a hard link fails when the name exists
+    finally:
+        os.unlink(temp)
+
+
+#: this process's open ``/proc/self/fd`` folder (see :func:`_own_fds`), and whether opening it failed
+_FDS: int | None = None
+_NO_FDS = False
+
+
+def _own_fds() -> int | None:
+    """A descriptor of this process's ``/proc/self/fd`` folder, opened once (a forked child opens its own)."""
+    global _FDS, _NO_FDS
+    if _FDS is None and not _NO_FDS:
+        try:
+            _FDS = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            _NO_FDS = True
+    return _FDS
+
+
+def _forked() -> None:
+    global _FDS
+    if _FDS is not None:
+        with contextlib.suppress(OSError):
+            os.close(_FDS)
+    _FDS = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+def _write_all(fd: int, data: Any, sync: bool) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+    if sync:
+        os.fsync(fd)
 
 
 def _local(path: str) -> str:

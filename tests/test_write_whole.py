@@ -1,0 +1,81 @@
+"""``connectors.storage.write_whole``: a local file that appears whole or not at all, and not over another
+(what a Delta commit's log entry, the lease and the history records need), by an unnamed file where the file
+system has them and a named temporary one elsewhere; both ways give the same answers and leave nothing
+behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from connectors import own_commit, storage
+
+
+@pytest.fixture(params=["unnamed", "named"])
+def way(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
+    folder = tmp_path / "log"
+    if request.param == "named":
+        storage._NO_TMPFILE.add(str(folder))
+    yield folder
+    storage._NO_TMPFILE.discard(str(folder))
+
+
+def test_appears_whole_and_never_over_another(way: Path) -> None:
+    target = way / "00000000000000000001.json"
+    storage.write_whole(str(target), b"first\n")  # the folder made on the way
+    assert target.read_bytes() == b"first\n"
+    with pytest.raises(FileExistsError):
+        storage.write_whole(str(target), b"second\n")
+    assert target.read_bytes() == b"first\n"
+    assert os.listdir(way) == [target.name]  # no temporary file left, whichever way it went
+
+
+def test_commit_and_lease_semantics(way: Path) -> None:
+    entry = way / "00000000000000000007.json"
+    own_commit.put_if_absent(str(entry), '{"commitInfo":{}}\n', sync=True)
+    with pytest.raises(own_commit.CommitFailed, match="version 7 was committed by another writer"):
+        own_commit.put_if_absent(str(entry), '{"other":1}\n')
+    assert entry.read_text() == '{"commitInfo":{}}\n'
+    store = storage.LocalStorage()
+    store.put_if_absent(str(way / "lease.json"), "mine")
+    with pytest.raises(storage.Exists):
+        store.put_if_absent(str(way / "lease.json"), "theirs")
+    assert (way / "lease.json").read_text() == "mine"
+    assert sorted(os.listdir(way)) == [entry.name, "lease.json"]
+
+
+def test_a_file_system_without_unnamed_files_is_remembered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if getattr(os, "O_TMPFILE", None) is None:
+        pytest.skip("no O_TMPFILE on this platform: the named way is the only one")  # not Linux
+    real_open, refused = os.open, []
+
+    def no_unnamed(path, flags, *args):  # type: ignore[no-untyped-def]
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            refused.append(path)
+            raise OSError(95, "Operation not supported")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_unnamed)
+    folder = tmp_path / "fs"
+    folder.mkdir()
+    for i in range(3):
+        storage.write_whole(str(folder / f"f{i}"), b"x")
+    assert refused == [str(folder)] and sorted(os.listdir(folder)) == ["f0", "f1", "f2"]
+    storage._NO_TMPFILE.discard(str(folder))
+
+
+def test_a_forked_child_names_its_own_files(tmp_path: Path) -> None:
+    storage.write_whole(str(tmp_path / "parent"), b"p")  # the parent's /proc/self/fd is open now
+    pid = os.fork()
+    if pid == 0:  # the child: its file descriptors are its own, so must its /proc folder be
+        code = 1
+        try:
+            storage.write_whole(str(tmp_path / "child"), b"from the child")
+            code = 0 if (tmp_path / "child").read_bytes() == b"from the child" else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (tmp_path / "child").read_bytes() == b"from the child"
