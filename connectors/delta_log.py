@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.storage import local_path
+from connectors.storage import local_path, read_local
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 #: classic, multi-part and V2 checkpoints: ``<v>.checkpoint.parquet``, ``<v>.checkpoint.<i>.<n>.parquet``,
@@ -196,11 +196,7 @@ class DeltaLog:
         """One log file's bytes from storage (None when missing): the only read of a log file's contents."""
         local = local_path(self.log_dir)
         if local is not None:
-            try:
-                with open(os.path.join(local, name), "rb") as f:
-                    return f.read()
-            except FileNotFoundError:
-                return None
+            return read_local(os.path.join(local, name))
         fs, hpath = self._fs(name)
         if not fs.exists(hpath):
             return None

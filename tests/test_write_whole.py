@@ -79,3 +79,12 @@ def test_a_forked_child_names_its_own_files(tmp_path: Path) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert (tmp_path / "child").read_bytes() == b"from the child"
+
+
+def test_read_local_reads_what_was_written(tmp_path: Path) -> None:
+    assert storage.read_local(str(tmp_path / "missing")) is None
+    for size in (0, 1, 4096, 3 << 20):
+        data = os.urandom(size)
+        storage.write_whole(str(tmp_path / f"f{size}"), data)
+        assert storage.read_local(str(tmp_path / f"f{size}")) == data
+    assert storage.LocalStorage().read_text(str(tmp_path / "missing")) is None
