@@ -15,8 +15,9 @@ What must be atomic, and how each store gets it:
   has none, and S3A's rename is a copy). HDFS and other file systems: temporary file, then
   ``FileContext.rename(..., OVERWRITE)``, atomic on HDFS.
 * **Put-if-absent** (the lease, see :mod:`pipeline.lease`): the create must fail when the file exists, in
-  one step, also when two processes race. Local: ``os.link`` of a finished temporary file (fails if the
-  name exists). S3: a PUT with ``If-None-Match: *`` (S3A's ``fs.option.create.conditional.overwrite``,
+  one step, also when two processes race. Local: a hard link naming a finished file, unnamed until then
+  (``O_TMPFILE``; a named temporary file where the file system has none), which fails if the name exists
+  (:func:`write_whole`). S3: a PUT with ``If-None-Match: *`` (S3A's ``fs.option.create.conditional.overwrite``,
   Hadoop 3.4.2+; S3 answers 412 to the loser). HDFS, GCS and ADLS: ``create(overwrite=false)``, which their
   connectors implement atomically (the name node; a generation precondition; ``If-None-Match``).
 * Stream tables, Kafka mirrors and transaction tables are Delta tables: their commits are Delta's
@@ -33,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -304,16 +306,19 @@ def write_whole(path: str, data: Any, sync: bool = False) -> None:
 #: this process's open ``/proc/self/fd`` folder (see :func:`_own_fds`), and whether opening it failed
 _FDS: int | None = None
 _NO_FDS = False
+_FDS_LOCK = threading.Lock()
 
 
 def _own_fds() -> int | None:
     """A descriptor of this process's ``/proc/self/fd`` folder, opened once (a forked child opens its own)."""
     global _FDS, _NO_FDS
     if _FDS is None and not _NO_FDS:
-        try:
-            _FDS = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            _NO_FDS = True
+        with _FDS_LOCK:  # two threads' first files: one descriptor
+            if _FDS is None and not _NO_FDS:
+                try:
+                    _FDS = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                except OSError:
+                    _NO_FDS = True
     return _FDS
 
 
