@@ -56,8 +56,12 @@ def test_a_commit_is_synced_only_with_the_setting_on(spark: Any, st: Any, make_s
         assert len(named) >= 2, actions  # the rewritten file and the change-data file
         assert named <= set(ours), f"files named by the commit but not synced: {named - set(ours)}"
         assert {root, root / "_change_data", root / "_delta_log"} <= set(ours), ours
-        temps = [p for p in ours if p.parent == root / "_delta_log" and p.name.startswith(f".{entry.name}.")]
-        assert len(temps) == 1, ours  # the entry, synced before it was linked under its name
+        # the entry, synced before it was linked under its name: an unnamed file (O_TMPFILE, which /proc shows as
+        # "#<inode> (deleted)", the inode the entry has now) or, on file systems without those, a temporary one
+        unnamed = f"#{entry.stat().st_ino} (deleted)"
+        temps = [p for p in ours if p.parent == root / "_delta_log"
+                 and (p.name == unnamed or p.name.startswith(f".{entry.name}."))]
+        assert len(temps) == 1, ours
         # the order a power loss needs: every named file and its folder before the entry, the log folder last
         assert max(ours.index(p) for p in named | {root, root / "_change_data"}) < ours.index(temps[0])
         assert ours[-1] == root / "_delta_log"
