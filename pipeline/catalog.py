@@ -36,16 +36,7 @@ import zlib
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from connectors.storage import (
-    LocalStorage,
-    Storage,
-    for_uri,
-    is_local,
-    join,
-    local_path,
-    location,
-    write_whole,
-)
+from connectors.storage import LocalStorage, Storage, for_uri, is_local, join, local_path, location
 from pipeline.errors import CatalogError
 from pipeline.modes import RefreshMode, TableStatus
 
@@ -373,16 +364,8 @@ class Catalog:
 
     def append_history(self, name: str, record: dict[str, Any]) -> None:
         ts = f"{record.get('started_at', time.time()):017.6f}".replace(".", "")
-        path = self._at("history", name.lower(), f"{ts}-{record['refresh_id']}.json")
-        text = json.dumps(record, sort_keys=True)
-        local = local_path(path) if isinstance(self.storage, LocalStorage) else None
-        if local is None:
-            self.storage.write_text(path, text)
-        else:
-            try:  # a new name needs no replace: one change of the folder instead of three
-                write_whole(local, text.encode("utf-8"))
-            except FileExistsError:  # the same record written again
-                self.storage.write_text(path, text)
+        self.storage.create(self._at("history", name.lower(), f"{ts}-{record['refresh_id']}.json"),
+                            json.dumps(record, sort_keys=True))
         n = self._appended[name.lower()] = self._appended.get(name.lower(), 0) + 1
         if n % HISTORY_PRUNE_EVERY == 1:
             self.prune_history(name)

@@ -88,3 +88,13 @@ def test_read_local_reads_what_was_written(tmp_path: Path) -> None:
         storage.write_whole(str(tmp_path / f"f{size}"), data)
         assert storage.read_local(str(tmp_path / f"f{size}")) == data
     assert storage.LocalStorage().read_text(str(tmp_path / "missing")) is None
+
+
+def test_create_writes_a_new_name_and_writes_it_again(way: Path) -> None:
+    store = storage.LocalStorage()
+    target = str(way / "1796-abc.json")
+    store.create(target, '{"a": 1}')  # the folder made on the way
+    assert store.read_text(target) == '{"a": 1}'
+    store.create(target, '{"a": 2}')  # the same record again: replaced, not refused
+    assert store.read_text(target) == '{"a": 2}'
+    assert os.listdir(way) == ["1796-abc.json"]
