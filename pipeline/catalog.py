@@ -14,7 +14,9 @@ Why files and not Delta tables: every process (the long-running job, a CLI call)
 without a metastore, without a Spark job and without commit conflicts, and a NO_DATA refresh stays a
 few file reads. They are still queryable with Spark SQL (``StreamTables.register_catalog_views``). The
 source of truth for what a stream table contains is its own Delta log; the catalog may lag one refresh
-behind after a crash and is repaired from the log (see :mod:`pipeline.refresh`).
+behind after a crash and is repaired from the log (see :mod:`pipeline.refresh`). A refresh's record and state
+are written by a background worker after it returned (:mod:`pipeline.bookkeeping`); every call here for a table
+first waits for its queued ones, so this process never reads the catalog behind its own refreshes.
 
 Why the state has slots of its own: a refresh changes its table's state, not its declaration, and replacing
 the definition (a new file, then a rename) cost every refresh 0.5-1.3 ms on ext4. A slot is an existing file
@@ -33,10 +35,12 @@ import os
 import re
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from connectors.storage import LocalStorage, Storage, for_uri, is_local, join, local_path, location
+from pipeline import bookkeeping
 from pipeline.errors import CatalogError
 from pipeline.modes import RefreshMode, TableStatus
 
@@ -201,7 +205,17 @@ class Catalog:
     def exists(self, name: str) -> bool:
         return self.storage.exists(self._def_file(name))
 
+    def later(self, name: str, job: Callable[[], None]) -> None:
+        """Write ``name``'s bookkeeping after a refresh on the background worker (:mod:`pipeline.bookkeeping`);
+        every call of this catalog for ``name`` waits for it first."""
+        bookkeeping.later(self._def_file(name), job)
+
+    def settle(self, name: str | None = None) -> None:
+        """Wait for ``name``'s queued bookkeeping (every table's when None)."""
+        bookkeeping.settle(None if name is None else self._def_file(name))
+
     def get(self, name: str) -> StreamTableDef:
+        self.settle(name)
         text = self._text(self._def_file(name))
         if text is None:
             raise CatalogError(f"stream table {name!r} does not exist")
@@ -323,6 +337,7 @@ class Catalog:
         slot, then the declaration to the definition file. So a refresh leaves a concurrent ALTER's declaration
         alone, and an ALTER leaves the refresh's state alone; and a crash between the two writes leaves the
         declaration as it was (e.g. a REINITIALIZE still due, which is harmless to repeat)."""
+        self.settle(d.name)
         text, body = d.__dict__.get("_read") or (None, None)
         seen = self._declared(text) if text is not None else (None, None)
         if body is not None:  # the slot's state, canonical
@@ -338,6 +353,7 @@ class Catalog:
         d.__dict__["_read"] = (text, body)
 
     def delete(self, name: str) -> None:
+        self.settle(name)
         self.storage.delete(self._def_file(name))
         for slot in self._slots:
             self.storage.delete(self._slot_file(name, slot))
@@ -352,10 +368,12 @@ class Catalog:
     def history_files(self, name: str) -> list[str]:
         """The names of ``name``'s history records, oldest first (``<epoch microseconds>-<refresh id>.json``,
         so a reader can pick records by time without reading them)."""
+        self.settle(name)
         return sorted(n for n in self.storage.list(self._at("history", name.lower())) if n.endswith(".json"))
 
     def history_record(self, name: str, file: str) -> dict[str, Any] | None:
         """One history record by its file name; None when it was pruned meanwhile or is unreadable."""
+        self.settle(name)
         text = self.storage.read_text(self._at("history", name.lower(), file))
         try:
             return json.loads(text) if text is not None else None
@@ -363,6 +381,7 @@ class Catalog:
             return None
 
     def append_history(self, name: str, record: dict[str, Any]) -> None:
+        self.settle(name)
         ts = f"{record.get('started_at', time.time()):017.6f}".replace(".", "")
         self.storage.create(self._at("history", name.lower(), f"{ts}-{record['refresh_id']}.json"),
                             json.dumps(record, sort_keys=True))
@@ -389,6 +408,7 @@ class Catalog:
         return any(f.endswith(f"-{refresh_id}.json") for f in self.history_files(name))
 
     def drop_history(self, name: str) -> None:
+        self.settle(name)
         self.storage.delete_tree(self._at("history", name.lower()))
 
 
