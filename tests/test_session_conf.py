@@ -79,3 +79,16 @@ def test_settings_read_every_time_when_the_map_is_out_of_reach(spark: Any) -> No
         assert kept.own().get("trickle.test.kept") == "2"
     finally:
         spark.conf.unset("trickle.test.kept")
+
+
+def test_the_volatile_entry_compares_equal_whatever_its_value() -> None:
+    """The rendering's volatile entry (Delta's last commit version of the session) loses its value wherever it
+    stands; every other entry, and the entry's presence, still count."""
+    from pipeline.session_conf import _stable
+
+    key = "spark.databricks.delta.lastCommitVersionInSession"
+    for before, after in ((f"{{{key}=3, a=1}}", f"{{{key}=12, a=1}}"), (f"{{a=1, {key}=-1}}", f"{{a=1, {key}=7}}"),
+                          (f"{{a=1, {key}=40, b=2}}", f"{{a=1, {key}=41, b=2}}")):
+        assert _stable(before) == _stable(after)
+    assert _stable(f"{{a=1, {key}=4}}") != _stable(f"{{a=2, {key}=4}}")
+    assert _stable("{a=1}") == "{a=1}" and _stable(f"{{{key}=4}}") != _stable("{}")
