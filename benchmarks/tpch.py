@@ -518,6 +518,7 @@ def refresh(spark: Any, st: Any, name: str, timeout: float) -> Run:
         m = measure(spark, call)
     finally:
         done.set()
+    st.catalog.settle()  # its bookkeeping (pipeline/bookkeeping.py): in its CPU-seconds, not its wall time
     cpu = cpu_seconds(spark) - c0
     r = m.result
     if isinstance(r, Exception):
