@@ -24,12 +24,14 @@ Why it is safe:
   table, in the caller's thread, and a second failure raises there.
 
 One worker runs the jobs in the order they were queued; the interpreter joins it at exit. The worker's own
-catalog calls do not wait for themselves (:func:`settle` returns at once on the worker).
+catalog calls do not wait for themselves (:func:`settle` returns at once on the worker). A forked child starts
+with nothing queued (its parent writes its own).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -80,6 +82,17 @@ def settle(key: str | None = None) -> None:
 
 def _mark_worker() -> None:
     _on_worker.yes = True
+
+
+def _forked() -> None:
+    """A forked child has no worker: it starts with none queued (the parent's are written by the parent)."""
+    global _worker, _lock
+    _worker, _lock = None, threading.Lock()
+    _queued.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _forget(key: str, future: Future[None]) -> None:

@@ -82,3 +82,22 @@ def test_other_tables_do_not_wait(tmp_path: Any) -> None:
     gate.set()
     bookkeeping.settle()
     assert cat.get("slow").name == "slow"
+
+
+def test_a_forked_child_does_not_wait_for_its_parents_worker(tmp_path: Any) -> None:
+    """A child forked while a job is queued has no worker to finish it: its catalog calls go on at once."""
+    import os
+
+    cat = Catalog(tmp_path / "trickle")
+    cat.put(_table("t"))
+    gate = threading.Event()
+    cat.later("t", lambda: gate.wait(5))
+    pid = os.fork()
+    if pid == 0:  # the child: exits 0 when its get returned quickly
+        t0 = time.perf_counter()
+        cat.get("t")
+        os._exit(0 if time.perf_counter() - t0 < 2 else 1)
+    _, status = os.waitpid(pid, 0)
+    gate.set()
+    bookkeeping.settle()
+    assert os.WEXITSTATUS(status) == 0
