@@ -50,6 +50,10 @@ def later(key: str, job: Callable[[], None]) -> None:
     one waits for that one first (the worker runs jobs in order)."""
     global _worker
     with _lock:
+        before = _queued.get(key)
+    if before is not None and before[0].done() and before[0].exception() is not None:
+        settle(key)  # the failed one is written first, here (replacing its entry would lose it)
+    with _lock:
         if _worker is None:
             _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trickle-bookkeeping",
                                          initializer=_mark_worker)

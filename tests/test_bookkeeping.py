@@ -101,3 +101,25 @@ def test_a_forked_child_does_not_wait_for_its_parents_worker(tmp_path: Any) -> N
     gate.set()
     bookkeeping.settle()
     assert os.WEXITSTATUS(status) == 0
+
+
+def test_a_failed_job_is_not_lost_when_another_is_queued_for_its_table(tmp_path: Any) -> None:
+    """A job queued for a table whose last job failed on the worker first writes the failed one, here."""
+    cat = Catalog(tmp_path / "trickle")
+    cat.put(_table("t"))
+    calls: list[str] = []
+
+    def flaky() -> None:
+        calls.append("flaky")
+        if len(calls) == 1:
+            raise OSError("No space left on device")
+        cat.append_history("t", {"refresh_id": "r1", "started_at": 1000.0})
+
+    cat.later("t", flaky)
+    deadline = time.time() + 5
+    while calls != ["flaky"] and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)  # the failed future is done
+    cat.later("t", lambda: cat.append_history("t", {"refresh_id": "r2", "started_at": 1001.0}))
+    assert [h["refresh_id"] for h in cat.history("t")] == ["r2", "r1"]
+    assert calls == ["flaky", "flaky"]
