@@ -35,6 +35,7 @@ import contextlib
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -362,6 +363,9 @@ def _local(path: str) -> str:
     return p
 
 
+_REREADS = 5  # reads of an object replaced while being read, before giving up
+
+
 class HadoopStorage(Storage):
     """Any Hadoop FileSystem URI, through the Spark session's JVM and Hadoop configuration (so the store's
     settings are Spark's: ``spark.hadoop.fs.<scheme>.*``)."""
@@ -378,18 +382,34 @@ class HadoopStorage(Storage):
     def _missing(e: Exception) -> bool:
         return "FileNotFoundException" in str(e)
 
+    @staticmethod
+    def _replaced(e: Exception) -> bool:
+        return "RemoteFileChangedException" in str(e)
+
     def read_text(self, path: str) -> str | None:
+        """An object store opens with a HEAD and reads with a GET pinned to the HEAD's ETag: an object
+        replaced in between (a lease renewed, a state slot rewritten by another process) fails the GET
+        with RemoteFileChangedException, and one deleted in between with FileNotFoundException. Every
+        replacement is a whole object, so reading again gives a whole, newer text; a deleted one is missing."""
         fs, hpath = self._fs(path)
-        try:
-            stream = fs.open(hpath)
-        except Exception as e:
-            if self._missing(e):
-                return None
-            raise
-        try:
-            return self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-        finally:
-            stream.close()
+        for attempt in range(_REREADS):
+            try:
+                stream = fs.open(hpath)
+            except Exception as e:
+                if self._missing(e):
+                    return None
+                raise
+            try:
+                return self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+            except Exception as e:
+                if self._missing(e):
+                    return None
+                if not self._replaced(e) or attempt == _REREADS - 1:
+                    raise
+                time.sleep(0.01 * 2 ** attempt)  # let a writer that keeps replacing it finish this PUT
+            finally:
+                stream.close()
+        raise AssertionError("unreachable")
 
     def _write(self, out: Any, text: str) -> None:
         try:

@@ -165,6 +165,38 @@ def test_put_if_absent_has_one_winner_on_s3(spark: Any, s3: S3Server) -> None:
     assert store.read_text(path) == winners[0]
 
 
+def test_an_object_replaced_while_read_is_read_whole_on_s3(spark: Any, s3: S3Server) -> None:
+    """S3A opens with a HEAD and reads with a GET pinned to its ETag, so a state file another process
+    rewrites in between (a lease renewal every few seconds) failed the read with
+    RemoteFileChangedException: a second ``trickle run`` died of it instead of saying who holds the lease.
+    A read while the object is replaced returns one whole version, never an error or a mix."""
+    from connectors.storage import HadoopStorage
+
+    store, path = HadoopStorage(spark), f"s3a://{BUCKET}/race/replaced.json"
+    versions = ["a" * 100, "b" * 300]
+    store.write_text(path, versions[0])
+    stop, written = threading.Event(), [0]
+
+    def rewrite() -> None:
+        while not stop.wait(0.02):  # a lease renews every few seconds; this writer is hundreds of times busier
+            written[0] += 1
+            store.write_text(path, versions[written[0] % 2])
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    seen: list[str] = []
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            text = store.read_text(path)
+            assert text in versions, (text or "")[:50]
+            seen.append(text)
+    finally:
+        stop.set()
+        writer.join()
+    assert written[0] > 20 and set(seen) == set(versions), (written[0], len(seen))
+
+
 def test_lease_on_s3_refuses_expires_and_is_lost(spark: Any, s3: S3Server) -> None:
     from connectors.storage import HadoopStorage
     from pipeline.lease import Lease, LeaseHeld, LeaseLost
@@ -215,9 +247,15 @@ def _job_said(log: Path) -> str:
     """What a failed job's log says, Python's part first: its traceback or ``error:`` line can be followed by
     pages of JVM stack traces (an AWS SDK timeout filled the last 3000 characters once, hiding the cause)."""
     text = log.read_text(errors="replace")
+    return f"{_python_said(text)}\n--- the log's end ---\n{text[-3000:]}"
+
+
+def _python_said(text: str) -> str:
+    """Python's traceback or ``error:`` line in a process's output, without the JVM frames between them."""
     start = max(text.rfind("Traceback (most recent call last)"), text.rfind("\nerror: "))
-    said = text[start:start + 3000] if start >= 0 else "(no Python traceback or error line)"
-    return f"{said}\n--- the log's end ---\n{text[-3000:]}"
+    if start < 0:
+        return "(no Python traceback or error line)\n" + text[-3000:]
+    return "\n".join(line for line in text[start:].splitlines() if not line.startswith("\tat "))[:4000]
 
 
 def test_trickle_run_on_s3_with_a_second_process_and_a_second_run(
@@ -243,7 +281,7 @@ def test_trickle_run_on_s3_with_a_second_process_and_a_second_run(
         # a second run of the same conf file, while the first lives: refused, with who holds it
         second = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", str(conf)], capture_output=True,
                                 text=True, timeout=300, env=short_lived_jvm(dict(os.environ)))
-        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+        assert second.returncode == 2, _python_said(second.stdout + second.stderr)
         assert "another 'trickle run' of run-s3_pipeline.yaml is running" in second.stderr, second.stderr[-2000:]
 
         # this process refreshes the same stream table while the job refreshes it every second
