@@ -363,7 +363,7 @@ def _local(path: str) -> str:
     return p
 
 
-_REREADS = 5  # reads of an object replaced while being read, before giving up
+_REREADS = 10  # reads of an object replaced while being read, over about 1.3 s, before giving up
 
 
 class HadoopStorage(Storage):
@@ -406,7 +406,7 @@ class HadoopStorage(Storage):
                     return None
                 if not self._replaced(e) or attempt == _REREADS - 1:
                     raise
-                time.sleep(0.01 * 2 ** attempt)  # let a writer that keeps replacing it finish this PUT
+                time.sleep(min(0.01 * 2 ** attempt, 0.25))  # let a writer that keeps replacing it finish its PUT
             finally:
                 stream.close()
         raise AssertionError("unreachable")

@@ -165,36 +165,44 @@ def test_put_if_absent_has_one_winner_on_s3(spark: Any, s3: S3Server) -> None:
     assert store.read_text(path) == winners[0]
 
 
-def test_an_object_replaced_while_read_is_read_whole_on_s3(spark: Any, s3: S3Server) -> None:
+def test_an_object_replaced_or_deleted_while_read_on_s3(spark: Any, s3: S3Server) -> None:
     """S3A opens with a HEAD and reads with a GET pinned to its ETag, so a state file another process
-    rewrites in between (a lease renewal every few seconds) failed the read with
-    RemoteFileChangedException: a second ``trickle run`` died of it instead of saying who holds the lease.
-    A read while the object is replaced returns one whole version, never an error or a mix."""
+    rewrote in between (a lease renewal) failed the read with RemoteFileChangedException: a second
+    ``trickle run`` in CI died of it instead of saying who holds the lease. The other writer's PUT is placed
+    exactly there: the read returns the new version whole; an object deleted there reads as missing; one
+    replaced at every attempt fails after a bounded number of them."""
     from connectors.storage import HadoopStorage
 
     store, path = HadoopStorage(spark), f"s3a://{BUCKET}/race/replaced.json"
-    versions = ["a" * 100, "b" * 300]
-    store.write_text(path, versions[0])
-    stop, written = threading.Event(), [0]
+    between: list[Any] = []  # what another process does between the next opens and their reads
 
-    def rewrite() -> None:
-        while not stop.wait(0.02):  # a lease renews every few seconds; this writer is hundreds of times busier
-            written[0] += 1
-            store.write_text(path, versions[written[0] % 2])
+    class Racing:
+        def __init__(self, fs: Any) -> None:
+            self.fs = fs
 
-    writer = threading.Thread(target=rewrite)
-    writer.start()
-    seen: list[str] = []
-    try:
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            text = store.read_text(path)
-            assert text in versions, (text or "")[:50]
-            seen.append(text)
-    finally:
-        stop.set()
-        writer.join()
-    assert written[0] > 20 and set(seen) == set(versions), (written[0], len(seen))
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.fs, name)
+
+        def open(self, hpath: Any) -> Any:
+            stream = self.fs.open(hpath)
+            if between:
+                between.pop(0)()
+            return stream
+
+    real_fs = store._fs
+    store.write_text(path, "a" * 100)
+    store._fs = lambda p: (Racing(real_fs(p)[0]), real_fs(p)[1])  # type: ignore[method-assign]
+    between.append(lambda: store.write_text(path, "b" * 300))
+    assert store.read_text(path) == "b" * 300 and not between
+
+    between.append(lambda: real_fs(path)[0].delete(real_fs(path)[1], False))
+    assert store.read_text(path) is None
+
+    store.write_text(path, "c")
+    between.extend(lambda i=i: store.write_text(path, f"version {i}") for i in range(100))
+    with pytest.raises(Exception, match="RemoteFileChangedException"):
+        store.read_text(path)
+    assert 80 <= len(between) < 100, "a few attempts, then the error"
 
 
 def test_lease_on_s3_refuses_expires_and_is_lost(spark: Any, s3: S3Server) -> None:
