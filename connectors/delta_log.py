@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.storage import local_path, read_local
+from connectors.storage import local_path, read_local, read_whole
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 #: classic, multi-part and V2 checkpoints: ``<v>.checkpoint.parquet``, ``<v>.checkpoint.<i>.<n>.parquet``,
@@ -198,13 +198,8 @@ class DeltaLog:
         if local is not None:
             return read_local(os.path.join(local, name))
         fs, hpath = self._fs(name)
-        if not fs.exists(hpath):
-            return None
-        stream = fs.open(hpath)
-        try:
-            return bytes(self.spark._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
-        finally:
-            stream.close()
+        # _last_checkpoint is rewritten in place, and log cleanup deletes: see read_whole
+        return read_whole(fs, hpath, lambda stream: bytes(self.spark._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)))
 
     def _list(self) -> list[str]:
         local = local_path(self.log_dir)

@@ -37,9 +37,9 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["Uri", "Storage", "LocalStorage", "HadoopStorage", "local_path", "strip_file_scheme", "is_local",
            "location", "join", "for_uri", "Exists", "write_new", "write_whole", "read_local"]
@@ -363,7 +363,38 @@ def _local(path: str) -> str:
     return p
 
 
+T = TypeVar("T")
 _REREADS = 10  # reads of an object replaced while being read, over about 1.3 s, before giving up
+
+
+def _missing(e: Exception) -> bool:
+    return "FileNotFoundException" in str(e)
+
+
+def read_whole(fs: Any, hpath: Any, read: Callable[[Any], T]) -> T | None:
+    """``read`` of a Hadoop file's open stream; None when the file is missing. Why it may read twice: an object
+    store opens with a HEAD and reads with a GET pinned to the HEAD's ETag, so an object replaced in between (a
+    lease renewed, a state slot or ``_last_checkpoint`` rewritten by another process) fails the GET with
+    RemoteFileChangedException, and one deleted in between with FileNotFoundException. Every replacement is a
+    whole object, so reading again gives a whole, newer one; a deleted one is missing."""
+    for attempt in range(_REREADS):
+        try:
+            stream = fs.open(hpath)
+        except Exception as e:
+            if _missing(e):
+                return None
+            raise
+        try:
+            return read(stream)
+        except Exception as e:
+            if _missing(e):
+                return None
+            if "RemoteFileChangedException" not in str(e) or attempt == _REREADS - 1:
+                raise
+            time.sleep(min(0.01 * 2 ** attempt, 0.25))  # let a writer that keeps replacing it finish its PUT
+        finally:
+            stream.close()
+    raise AssertionError("unreachable")
 
 
 class HadoopStorage(Storage):
@@ -380,36 +411,11 @@ class HadoopStorage(Storage):
 
     @staticmethod
     def _missing(e: Exception) -> bool:
-        return "FileNotFoundException" in str(e)
-
-    @staticmethod
-    def _replaced(e: Exception) -> bool:
-        return "RemoteFileChangedException" in str(e)
+        return _missing(e)
 
     def read_text(self, path: str) -> str | None:
-        """An object store opens with a HEAD and reads with a GET pinned to the HEAD's ETag: an object
-        replaced in between (a lease renewed, a state slot rewritten by another process) fails the GET
-        with RemoteFileChangedException, and one deleted in between with FileNotFoundException. Every
-        replacement is a whole object, so reading again gives a whole, newer text; a deleted one is missing."""
         fs, hpath = self._fs(path)
-        for attempt in range(_REREADS):
-            try:
-                stream = fs.open(hpath)
-            except Exception as e:
-                if self._missing(e):
-                    return None
-                raise
-            try:
-                return self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-            except Exception as e:
-                if self._missing(e):
-                    return None
-                if not self._replaced(e) or attempt == _REREADS - 1:
-                    raise
-                time.sleep(min(0.01 * 2 ** attempt, 0.25))  # let a writer that keeps replacing it finish its PUT
-            finally:
-                stream.close()
-        raise AssertionError("unreachable")
+        return read_whole(fs, hpath, lambda stream: self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
 
     def _write(self, out: Any, text: str) -> None:
         try:

@@ -165,6 +165,23 @@ def test_put_if_absent_has_one_winner_on_s3(spark: Any, s3: S3Server) -> None:
     assert store.read_text(path) == winners[0]
 
 
+class _Racing:
+    """A Hadoop FileSystem whose ``open`` runs the next of ``between`` (another process's write) after S3A's
+    HEAD and before the stream's first read: the race placed exactly."""
+
+    def __init__(self, fs: Any, between: list[Any]) -> None:
+        self.fs, self.between = fs, between
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fs, name)
+
+    def open(self, hpath: Any) -> Any:
+        stream = self.fs.open(hpath)
+        if self.between:
+            self.between.pop(0)()
+        return stream
+
+
 def test_an_object_replaced_or_deleted_while_read_on_s3(spark: Any, s3: S3Server) -> None:
     """S3A opens with a HEAD and reads with a GET pinned to its ETag, so a state file another process
     rewrote in between (a lease renewal) failed the read with RemoteFileChangedException: a second
@@ -175,23 +192,9 @@ def test_an_object_replaced_or_deleted_while_read_on_s3(spark: Any, s3: S3Server
 
     store, path = HadoopStorage(spark), f"s3a://{BUCKET}/race/replaced.json"
     between: list[Any] = []  # what another process does between the next opens and their reads
-
-    class Racing:
-        def __init__(self, fs: Any) -> None:
-            self.fs = fs
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.fs, name)
-
-        def open(self, hpath: Any) -> Any:
-            stream = self.fs.open(hpath)
-            if between:
-                between.pop(0)()
-            return stream
-
     real_fs = store._fs
     store.write_text(path, "a" * 100)
-    store._fs = lambda p: (Racing(real_fs(p)[0]), real_fs(p)[1])  # type: ignore[method-assign]
+    store._fs = lambda p: (_Racing(real_fs(p)[0], between), real_fs(p)[1])  # type: ignore[method-assign]
     between.append(lambda: store.write_text(path, "b" * 300))
     assert store.read_text(path) == "b" * 300 and not between
 
@@ -203,6 +206,23 @@ def test_an_object_replaced_or_deleted_while_read_on_s3(spark: Any, s3: S3Server
     with pytest.raises(Exception, match="RemoteFileChangedException"):
         store.read_text(path)
     assert 80 <= len(between) < 100, "a few attempts, then the error"
+
+
+def test_a_delta_log_file_rewritten_or_deleted_while_read_on_s3(spark: Any, s3: S3Server) -> None:
+    """``_last_checkpoint`` is rewritten in place by every checkpoint, and log cleanup deletes old files: the
+    log reader reads the new one whole, and a file deleted under it as missing."""
+    from connectors.delta_log import DeltaLog
+    from connectors.storage import HadoopStorage
+
+    store, log = HadoopStorage(spark), DeltaLog(spark, f"s3a://{BUCKET}/race/table")
+    store.write_text(f"{log.log_dir}/_last_checkpoint", '{"version":10,"size":3}')
+    between: list[Any] = [lambda: store.write_text(f"{log.log_dir}/_last_checkpoint", '{"version":20,"size":4}')]
+    real_fs = log._fs
+    log._fs = lambda name: (_Racing(real_fs(name)[0], between), real_fs(name)[1])  # type: ignore[method-assign]
+    assert log._fetch("_last_checkpoint") == b'{"version":20,"size":4}' and not between
+    between.append(lambda: store.delete(f"{log.log_dir}/_last_checkpoint"))
+    assert log._fetch("_last_checkpoint") is None
+    assert log._fetch("00000000000000000099.json") is None
 
 
 def test_lease_on_s3_refuses_expires_and_is_lost(spark: Any, s3: S3Server) -> None:
