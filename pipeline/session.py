@@ -44,6 +44,13 @@ SMALL_MACHINE_DEFAULTS: dict[str, str] = {
     # thread stack (docs/BENCHMARKS.md, "Figures behind the code"). Stacks are reserved lazily, so a larger
     # default costs address space, not memory.
     "spark.driver.extraJavaOptions": "-Xss16m",
+    # Spark keeps the classes it compiles for a query's stages in a cache of 100 by default. A process that
+    # keeps many stream tables fresh plans many distinct queries (a FULL refresh's salt, a pinned version or a
+    # cycle's literal is inlined into the generated code), so the cache churns and every query compiles again,
+    # Delta's own file-skipping stages included: a FULL refresh of a 1M-row join compiled 6-18 classes (40-260
+    # ms) where the same query in a fresh cache compiled 2 (docs/BENCHMARKS.md, session 65). A static setting:
+    # it holds from the session's start.
+    "spark.sql.codegen.cache.maxEntries": "1000",
     # A plain-rows table's __row_hash and __row_id are unique per row, so Parquet's dictionary encoding fills
     # a dictionary page for nothing before falling back to plain values: about a tenth of the task CPU of
     # writing 1M rows with them (docs/BENCHMARKS.md, session 40). Per-column Parquet settings; no user

@@ -1,6 +1,6 @@
 """A refresh reads the ``trickle.*`` settings in one round trip to the JVM (pipeline/session_conf.py): what it
 reads must be what ``spark.conf.get`` answers, value by value, including values that look like the joined
-map's own punctuation."""
+map's own punctuation. And the static settings the project's session is built with hold in it."""
 
 from __future__ import annotations
 
@@ -92,3 +92,15 @@ def test_the_volatile_entry_compares_equal_whatever_its_value() -> None:
         assert _stable(before) == _stable(after)
     assert _stable(f"{{a=1, {key}=4}}") != _stable(f"{{a=2, {key}=4}}")
     assert _stable("{a=1}") == "{a=1}" and _stable(f"{{{key}=4}}") != _stable("{}")
+
+
+def test_compiled_stages_outlast_the_churn_of_many_stream_tables(spark: Any) -> None:
+    """Spark's cache of compiled stages defaults to 100 classes; refreshes inline literals (a salt, a pinned
+    version) into generated code, so a process keeping many tables fresh churned it and recompiled every query,
+    Delta's file-skipping stages included (docs/BENCHMARKS.md, session 65). A static setting: the session the
+    project builds must carry it from its start."""
+    from pipeline.session import SMALL_MACHINE_DEFAULTS
+
+    key = "spark.sql.codegen.cache.maxEntries"
+    assert int(SMALL_MACHINE_DEFAULTS[key]) >= 1000
+    assert spark.conf.get(key) == SMALL_MACHINE_DEFAULTS[key]
