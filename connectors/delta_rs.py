@@ -181,6 +181,62 @@ def dataset(path: str, version: int) -> Any:
     return _cached("dataset", path, version, make)
 
 
+#: Delta's primitive types, as DuckDB names them; a table with a column of any other type is scanned as an Arrow
+#: dataset (:func:`dataset`)
+_DUCKDB_TYPES = {"string": "VARCHAR", "long": "BIGINT", "integer": "INTEGER", "short": "SMALLINT",
+                 "byte": "TINYINT", "float": "FLOAT", "double": "DOUBLE", "boolean": "BOOLEAN", "binary": "BLOB",
+                 "date": "DATE"}
+
+
+def _duckdb_type(kind: Any) -> str | None:
+    if not isinstance(kind, str):
+        return None  # struct, array, map
+    if kind.startswith("decimal(") and kind.endswith(")"):
+        return f"DECIMAL{kind[len('decimal'):]}"
+    return _DUCKDB_TYPES.get(kind)
+
+
+def parquet_scan(path: str, version: int) -> str | None:
+    """DuckDB SQL that reads the table's rows at ``version`` with DuckDB's own Parquet reader, or None where
+    only :func:`dataset` reads them as Spark does: columns of other types than Delta's primitive ones,
+    partition columns (their values live in the log), deletion vectors on live files, no file at all, file
+    names DuckDB would read as a glob.
+
+    Why: a differential refresh computed by DuckDB (:mod:`pipeline.local_engine`) reads a large source's
+    snapshot through its key filters, and a Spark-written file is often one row group of 1.5M rows. pyarrow
+    then evaluates the key filter's ranges row by row (one kernel pass per bound: 160 ms for TPC-H Q4's
+    lineitem, 760 ms for Q21's whole scan), where DuckDB's reader filters the same rows in a fraction of
+    that, on its own threads (docs/BENCHMARKS.md, "Session 66").
+
+    Safe because every column is cast to the type Spark reads it as (a no-op where the file holds that type,
+    removed by DuckDB's optimiser, so filters still reach the reader); files written before a column was
+    added have it read as NULL (``union_by_name``), as Delta reads them; a column no file holds fails when
+    the view is made, and the caller scans the Arrow dataset instead."""
+    def make(local: str) -> str | None:
+        table = opened(path, version)
+        if table.metadata().partition_columns:
+            return None
+        if vector_reads.table_enabled(table):
+            import pyarrow as pa
+
+            if pa.table(table.deletion_vectors()).num_rows:
+                return None
+        columns = []
+        for field in json.loads(table.schema().to_json())["fields"]:
+            kind = _duckdb_type(field["type"])
+            if kind is None:
+                return None
+            name = '"' + field["name"].replace('"', '""') + '"'
+            columns.append(f"CAST({name} AS {kind}) AS {name}")
+        files = table.file_uris()
+        if not files or any(c in f for f in files for c in "*?[{'"):
+            return None
+        listed = ", ".join(f"'{os.path.abspath(f)}'" for f in files)
+        return f"SELECT {', '.join(columns)} FROM read_parquet([{listed}], union_by_name = true)"
+
+    return _cached("parquet_scan", path, version, make)
+
+
 def _holds(kind: Any, test: Callable[[Any], bool]) -> bool:
     """Whether ``test`` holds for the Arrow type ``kind`` or any type nested in it."""
     pending = [kind]

@@ -62,6 +62,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from connectors import change_files, delta_rs, vector_reads
@@ -782,6 +783,9 @@ class _Database:
         self.con = duckdb.connect(config={"threads": THREADS,
                                           "temp_directory": f"{tempfile.gettempdir()}/trickle-duckdb",
                                           "max_temp_directory_size": f"{spill_bytes}B"})
+        # Parquet footers kept between refreshes: a Delta table's files never change, and every refresh that
+        # reads a snapshot with DuckDB's reader binds its files' schemas (connectors.delta_rs.parquet_scan)
+        self.con.execute("SET parquet_metadata_cache = true")
         for name, fn, args, out in (
                 ("__trickle_h", _hash_udf, ["VARCHAR", "VARCHAR", "BIGINT", "VARCHAR"], "BIGINT"),
                 ("__trickle_div", _divide_udf, ["VARCHAR", "VARCHAR", "INTEGER"], "VARCHAR"),
@@ -833,6 +837,22 @@ def database(spill_bytes: int = 4 << 30) -> _Database:
         return base
 
 
+@dataclass(frozen=True)
+class _ParquetScan:
+    """A snapshot read by DuckDB's own Parquet reader (:func:`connectors.delta_rs.parquet_scan`), and how to
+    open its Arrow dataset instead."""
+
+    sql: str
+    fallback: Callable[[], Any]
+
+
+def _parquet_scan(path: str, version: int) -> str | None:
+    try:
+        return delta_rs.parquet_scan(path, version)
+    except Exception:  # noqa: BLE001 - the Arrow dataset reads it (or says why it cannot)
+        return None
+
+
 class LocalEngine:
     """One refresh's delta evaluated by DuckDB: the relations it reads, registered once each."""
 
@@ -853,9 +873,21 @@ class LocalEngine:
         self._fresh = 0
 
     def _register(self, key: tuple[Any, ...], make: Callable[[], Any]) -> str:
+        """The name a relation is read by in this refresh's connection: an Arrow object registered, or a view
+        over DuckDB's own Parquet reader (a :class:`_ParquetScan`, its Arrow dataset registered instead when
+        DuckDB cannot bind the view)."""
         if key not in self.names:
+            import duckdb
+
             obj = make()
             name = f"__trickle_local_{len(self.names)}"
+            if isinstance(obj, _ParquetScan):
+                try:
+                    self.con.execute(f"CREATE TEMP VIEW {name} AS {obj.sql}")
+                    self.names[key] = name
+                    return name
+                except duckdb.Error:
+                    obj = obj.fallback()
             self.con.register(name, obj)
             self.keep.append(obj)
             self.names[key] = name
@@ -918,6 +950,9 @@ class LocalEngine:
             if self.bytes > self.max_bytes:
                 raise Unsupported(f"the snapshots read total more than {self.max_bytes} bytes ({MAX_BYTES})",
                                   lasting=False)
+            return _ParquetScan(scan, dataset) if (scan := _parquet_scan(path, version)) else dataset()
+
+        def dataset() -> Any:
             try:
                 return delta_rs.dataset(path, version)
             except Exception as e:  # noqa: BLE001 - e.g. a deletion vector delta-rs cannot decode: Spark reads it
