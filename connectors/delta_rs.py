@@ -107,6 +107,13 @@ def unreadable(protocol: dict[str, Any] | None) -> str | None:
     return f"reader features {', '.join(extra)}" if extra or reader > 3 else None
 
 
+def _unreadable_opened(table: Any) -> str | None:
+    """:func:`unreadable` for a table delta-rs opened (column mapping: its files name columns otherwise)."""
+    protocol = table.protocol()
+    return unreadable({"minReaderVersion": protocol.min_reader_version,
+                       "readerFeatures": list(protocol.reader_features or ())})
+
+
 #: what delta-rs opened at a version for reading, most recently used last (see :func:`opened`)
 _OPENED: OrderedDict[tuple[str, str, int], tuple[tuple[int, int, int], Any]] = OrderedDict()
 _OPENED_MAX = 64
@@ -165,6 +172,8 @@ def dataset(path: str, version: int) -> Any:
     def make(local: str) -> Any:
         table = opened(path, version)
         root = os.path.abspath(local)
+        if why := _unreadable_opened(table):
+            raise ValueError(f"{path} at version {version} is read by Spark: {why}")
         if vector_reads.table_enabled(table):  # delta-rs' pyarrow readers refuse the table: see vector_reads
             fragments, schema, file_format, filesystem = vector_reads.fragments(table, root)
             named = {os.path.normpath(os.path.join(root, f.path)): f.path for f in fragments}
@@ -175,8 +184,7 @@ def dataset(path: str, version: int) -> Any:
                                  f"{unknown[:3]}")
             return _plain_strings_dataset()(fragments, schema, file_format, filesystem, root=root,
                                             deleted={named[file]: at for file, at in deleted.items()})
-        ds = table.to_pyarrow_dataset(filesystem=vector_reads.local_filesystem(root))
-        return _plain_strings_dataset()(list(ds.get_fragments()), ds.schema, ds.format, ds.filesystem, root=root)
+        return _plain_strings_dataset()(*vector_reads.fragments(table, root), root=root)
 
     return _cached("dataset", path, version, make)
 
@@ -214,7 +222,7 @@ def parquet_scan(path: str, version: int) -> str | None:
     the view is made, and the caller scans the Arrow dataset instead."""
     def make(local: str) -> str | None:
         table = opened(path, version)
-        if table.metadata().partition_columns:
+        if _unreadable_opened(table) or table.metadata().partition_columns:
             return None
         if vector_reads.table_enabled(table):
             import pyarrow as pa

@@ -72,16 +72,56 @@ def local_file(uri: str) -> str:
 def fragments(table: Any, root: str) -> tuple[list[Any], Any, Any, Any]:
     """The fragments, schema, format and file system of the table's live files, as delta-rs'
     ``to_pyarrow_dataset`` builds them (each file's partition values and statistics as its partition
-    expression, so that a filter skips files), for a table that method refuses because of its vectors."""
+    expression, so that a filter skips files), built here for every table: that method refuses tables with
+    vectors, and its statistics can skip files that hold matching rows (:func:`_misleading_statistics`)."""
     import pyarrow as pa
     import pyarrow.dataset as pads
 
     schema = pa.schema(table.schema().to_arrow())
+    misleading = _misleading_statistics(table, schema)
+    stated = pa.schema([f for f in schema if f.name not in misleading])
     filesystem = local_filesystem(root)
     file_format = pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(pre_buffer=True))
     made = [file_format.make_fragment(file, filesystem=filesystem, partition_expression=expression)
-            for file, expression in table._table.dataset_partitions(schema, None)]
+            for file, expression in table._table.dataset_partitions(stated, None)]
     return made, schema, file_format, filesystem
+
+
+def _misleading_statistics(table: Any, schema: Any) -> set[str]:
+    """The top-level columns whose Delta statistics, as delta-rs (1.6) turns them into a file's pyarrow
+    guarantee, would skip files holding matching rows; their statistics are left out of every file's guarantee.
+
+    Why: for a file whose statistics give a column's null count but no minimum or maximum, delta-rs writes
+    ``(c >= null OR is_null(c))``, from which pyarrow concludes the column is all NULL there; where the null
+    count is missing too it writes ``c >= null``, from which pyarrow concludes nothing matches, not even
+    ``c IS NULL``. Spark writes the first for BOOLEAN and BINARY columns (it keeps no minimum for them) in every
+    file holding both NULLs and values, so ``WHERE flag`` skipped such files; the second for every file written
+    before ``ALTER TABLE ADD COLUMNS`` (the column is absent from its statistics), so ``WHERE added IS NULL``
+    read none of them. A file without statistics at all gets no guarantee and is kept, and a column that is NULL
+    in every row of a file gets ``is_null(c)``, which is right."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    actions = pa.table(table.get_add_actions(flatten=True))
+    names = set(actions.column_names)
+    if not len(actions) or "num_records" not in names:
+        return set()
+    records = actions.column("num_records")
+    stated = pc.is_valid(records)
+    out = set()
+    for field in schema:
+        leaves = [n[len("null_count."):] for n in names
+                  if n == f"null_count.{field.name}" or n.startswith(f"null_count.{field.name}.")]
+        for leaf in leaves:
+            nulls = actions.column(f"null_count.{leaf}")
+            valued = pc.less(nulls, records)  # null where the null count is missing
+            bounded = [pc.is_valid(actions.column(f"{side}.{leaf}")) if f"{side}.{leaf}" in names
+                       else pa.repeat(False, len(actions)) for side in ("min", "max")]
+            fine = pc.or_kleene(pc.invert(valued), pc.and_(*bounded))
+            if pc.any(pc.and_(stated, pc.invert(pc.fill_null(fine, False)))).as_py():
+                out.add(field.name)
+                break
+    return out
 
 
 def local_filesystem(root: str) -> Any:
