@@ -240,35 +240,57 @@ def _hash_udf(values: Any, kinds: Any, seeds: Any, sparks: Any) -> Any:
 def _divide(a: str | None, b: str | None, scale: int) -> str | None:
     """Spark's quotient of two decimals (given as text), as ``Decimal./`` computes it: ``BigDecimal.divide``
     to 39 decimal places, then rounded to the result's ``scale``, both HALF_UP (ties away from zero). In
-    integers, so that neither rounding is approximated."""
-    import decimal
+    integers, so that neither rounding is approximated.
 
+    Called once per row of every decimal division and AVG of a decimal that DuckDB computes (TPC-H Q17's delta
+    averages 198K groups twice), so the plain texts DuckDB writes for DECIMAL and integer values are read
+    without the ``decimal`` module (a third of the time per row); any other text goes through it."""
     if a is None or b is None:
         return None
-    x, y = decimal.Decimal(a).as_tuple(), decimal.Decimal(b).as_tuple()
-    num, den = _unscaled(x), _unscaled(y)
+    x, y = _plain_decimal(a), _plain_decimal(b)
+    if x is None or y is None:
+        import decimal
+
+        dx, dy = decimal.Decimal(a).as_tuple(), decimal.Decimal(b).as_tuple()
+        x, y = (_unscaled(dx), -int(dx.exponent)), (_unscaled(dy), -int(dy.exponent))
+    num, den = x[0], y[0]
     if den == 0:
         raise ValueError("division by zero")
-    shift = 39 + int(x.exponent) - int(y.exponent)  # x / y * 10**39, as num / den
-    num, den = (num * 10 ** shift, den) if shift >= 0 else (num, den * 10 ** -shift)
-    q39 = _half_up(num, den)
-    q = _half_up(q39, 10 ** (39 - scale))
-    digits = str(abs(q)).rjust(scale + 1, "0")
+    negative = (num < 0) != (den < 0)
+    num, den = abs(num), abs(den)
+    shift = 39 - x[1] + y[1]  # x / y * 10**39, as num / den
+    if shift >= 0:
+        num *= _TENS[shift] if shift < len(_TENS) else 10 ** shift
+    else:
+        den *= _TENS[-shift] if -shift < len(_TENS) else 10 ** -shift
+    q39, r = divmod(num, den)  # both roundings on magnitudes: ties away from zero
+    if 2 * r >= den:
+        q39 += 1
+    unit = _TENS[39 - scale]
+    q, r = divmod(q39, unit)
+    if 2 * r >= unit:
+        q += 1
+    digits = str(q).rjust(scale + 1, "0")
     text = f"{digits[:len(digits) - scale]}.{digits[len(digits) - scale:]}" if scale else digits
-    return f"-{text}" if q < 0 else text
+    return f"-{text}" if negative and q else text
+
+
+_TENS = tuple(10 ** i for i in range(80))
+
+
+def _plain_decimal(text: str) -> tuple[int, int] | None:
+    """(unscaled value, scale) of ``[-]digits[.digits]``; None for any other text."""
+    whole, _, frac = text.partition(".")
+    negative = whole.startswith("-")
+    body = (whole[1:] if negative else whole) + frac
+    if not (body.isascii() and body.isdigit()):
+        return None
+    return (-int(body) if negative else int(body)), len(frac)
 
 
 def _unscaled(t: Any) -> int:
     n = int("".join(map(str, t.digits)) or "0")
     return -n if t.sign else n
-
-
-def _half_up(num: int, den: int) -> int:
-    """num / den rounded to an integer, ties away from zero."""
-    q, r = divmod(abs(num), abs(den))
-    if 2 * r >= abs(den):
-        q += 1
-    return -q if (num < 0) != (den < 0) else q
 
 
 def _divide_udf(a: Any, b: Any, scales: Any) -> Any:
