@@ -277,6 +277,12 @@ def _divide(a: str | None, b: str | None, scale: int) -> str | None:
 
 _TENS = tuple(10 ** i for i in range(80))
 
+#: an AVG of a decimal is computed by DuckDB's integer arithmetic (see ``_Translator._average``), not by
+#: :func:`_divide`, where its argument's scale plus its result's is at most this: the result's scale is then at
+#: most 20 (exact), and the sum, held at both scales while it is scaled, overflows DuckDB's 38 digits only from
+#: 10^18 on (then Spark computes the delta)
+_NATIVE_AVERAGE_SCALE = 20
+
 
 def _plain_decimal(text: str) -> tuple[int, int] | None:
     """(unscaled value, scale) of ``[-]digits[.digits]``; None for any other text."""
@@ -738,9 +744,12 @@ class _Translator:
             kind = (node.meta.get("spark") or [None])[0]
             if isinstance(kind, spark_types.Decimal):  # Spark's Average: the exact SUM / COUNT at its result type
                 result = spark_types.bounded(kind.precision + 4, kind.scale + 4)
-                quotient = exp.Anonymous(this="__trickle_div", expressions=[
-                    exp.cast(exp.Sum(this=node.this.copy()), "VARCHAR"),
-                    exp.cast(exp.Count(this=node.this.copy()), "VARCHAR"), exp.Literal.number(result.scale)])
+                if kind.scale + result.scale <= _NATIVE_AVERAGE_SCALE:
+                    quotient = self._average(node.this, result.scale)
+                else:
+                    quotient = exp.Anonymous(this="__trickle_div", expressions=[
+                        exp.cast(exp.Sum(this=node.this.copy()), "VARCHAR"),
+                        exp.cast(exp.Count(this=node.this.copy()), "VARCHAR"), exp.Literal.number(result.scale)])
                 return self._guarded("avgdec", probe, None,
                                      exp.cast(quotient, f"DECIMAL({result.precision}, {result.scale})"))
             return self._guarded("avg", probe, None, exp.Avg(this=node.this.copy()))
@@ -755,6 +764,33 @@ class _Translator:
         if isinstance(node, exp.Join) and isinstance(node.this, exp.Lateral):
             return self._lateral_join(node)
         return node
+
+    def _average(self, arg: Any, scale: int) -> Any:
+        """AVG of a decimal ``arg`` at the result ``scale`` as Spark computes it (:func:`_divide` of its SUM by its
+        COUNT), in DuckDB's own integer arithmetic: ``sign(A) * ((2|A| + N) // 2N)`` with ``A`` the sum in units
+        of ``10^-scale`` (a HUGEINT, exact: the sum has at most ``scale`` decimals) and ``N`` the count, read back
+        as a decimal of that scale. A sum too large for it stops DuckDB with an overflow, and Spark computes the
+        delta (DuckDB's decimal product keeps the sum's own scale, so the sum must stay below
+        ``10^(38 - its scale - scale)``).
+
+        Why: :func:`_divide` is Python called per group; TPC-H Q17's delta averages 198K groups at both states
+        (docs/BENCHMARKS.md, "Session 66"). Exact where ``scale`` <= 20 (:data:`_NATIVE_AVERAGE_SCALE`): Spark rounds
+        the quotient to 39 places first, and rounding twice differs from rounding once to ``scale`` only where
+        the quotient's fraction lies less than ``10^(scale-39)/2`` below a tie; a fraction of a count ``N`` lies
+        at least ``1/2N`` from one, and ``N < 2^63 < 10^19 <= 10^(39-scale)``."""
+        exp = self.exp
+        hugeint = lambda x: exp.cast(x, "HUGEINT")  # noqa: E731
+        total = hugeint(exp.Mul(this=exp.Sum(this=arg.copy()), expression=hugeint(exp.Literal.number(10 ** scale))))
+        count = exp.Count(this=arg.copy())
+        two = exp.Literal.number(2)
+        magnitude = exp.IntDiv(
+            this=exp.Paren(this=exp.Add(this=exp.Mul(this=two.copy(), expression=exp.Abs(this=total.copy())),
+                                        expression=count.copy())),
+            expression=exp.Paren(this=exp.Mul(this=two.copy(), expression=count.copy())))
+        units = exp.Mul(this=exp.Anonymous(this="sign", expressions=[total.copy()]), expression=magnitude)
+        unit = exp.cast(exp.Literal.number(f"0.{'0' * (scale - 1)}1" if scale else "1"), f"DECIMAL({scale + 1}, {scale})")
+        value = exp.Mul(this=exp.cast(units, "DECIMAL(38, 0)"), expression=unit)
+        return exp.Case(ifs=[exp.If(this=exp.GT(this=count.copy(), expression=exp.Literal.number(0)), true=value)])
 
     def _lateral_join(self, join: Any) -> Any:
         """``L [CROSS] JOIN LATERAL explode(array(...)) AS r(c) [ON θ]`` as DuckDB's ``UNNEST`` in FROM, which
