@@ -94,10 +94,11 @@ def _misleading_statistics(table: Any, schema: Any) -> set[str]:
     Why: for a file whose statistics give a column's null count but no minimum or maximum, delta-rs writes
     ``(c >= null OR is_null(c))``, from which pyarrow concludes the column is all NULL there; where the null
     count is missing too it writes ``c >= null``, from which pyarrow concludes nothing matches, not even
-    ``c IS NULL``. Spark writes the first for BOOLEAN and BINARY columns (it keeps no minimum for them) in every
-    file holding both NULLs and values, so ``WHERE flag`` skipped such files; the second for every file written
+    ``c IS NULL``. Spark writes the first shape for BOOLEAN and BINARY columns (it keeps no minimum for them) in
+    every file holding both NULLs and values (for a string column of that shape, pyarrow's ``c == 'x'`` skipped a
+    file holding 'x'; a Spark BOOLEAN filtered through DuckDB was not seen to); the second for every file written
     before ``ALTER TABLE ADD COLUMNS`` (the column is absent from its statistics), so ``WHERE added IS NULL``
-    read none of them. A file without statistics at all gets no guarantee and is kept, and a column that is NULL
+    read none of them (tests/test_local_engine.py fails on it without this). A file without statistics at all gets no guarantee and is kept, and a column that is NULL
     in every row of a file gets ``is_null(c)``, which is right."""
     import pyarrow as pa
     import pyarrow.compute as pc
