@@ -610,6 +610,25 @@ def test_scalar_subqueries_become_joins() -> None:
     assert any(x.startswith("LeftJoin ON") for x in labels)
     assert "InnerJoin ON `__t2` = `__t5`" in labels and "InnerJoin ON TRUE" not in labels, labels
     assert any(x.startswith("Filter") and "> 1" in x and "__t2" not in x for x in labels), labels
+    # ... and the WHERE's conjunct over b alone filters b below that join, so a change's rows are filtered before
+    # the join, and the keys they filter the subquery's groups by are only those that can pass (Q17's brand)
+    below = [n for n in plan.root.walk() if isinstance(n, InnerJoin)][0]
+    assert below.right.label().startswith("Filter") and "> 1" in below.right.label(), labels
+    assert below.right.children[0].label().startswith("Scan b"), labels
+
+
+def test_where_conjuncts_over_one_join_input_filter_it() -> None:
+    """A WHERE conjunct over one input of inner joins filters that input (as Spark's optimiser places it), one
+    over the left input of a LEFT JOIN too; one over the LEFT JOIN's right input, over both inputs, or with a
+    subquery stays above the joins."""
+    plan = dvm.compile_query("SELECT a.id, b.y, c.z FROM a JOIN b ON a.k = b.k LEFT JOIN c ON c.k = a.k "
+                             "WHERE a.x = 1 AND b.y IN (2, 3) AND c.z IS NULL AND a.x < b.y "
+                             "AND a.id IN (SELECT k FROM c)", JOIN_SCHEMAS)
+    inner = [n for n in plan.root.walk() if isinstance(n, InnerJoin)][0]
+    assert inner.left.label() == "Filter `__t3` = 1" and inner.right.label() == "Filter `__t6` IN (2, 3)", \
+        plan.tree_text()
+    above = [n.label() for n in plan.root.walk() if n.label().startswith("Filter")]
+    assert any("IS NULL" in x and "`__t3` < `__t6`" in x for x in above), above
     # identical subqueries share one join; a query without FROM reads the subquery as its FROM
     plan = dvm.compile_query("SELECT a.id, (SELECT MAX(c.z) FROM c) AS m, (SELECT MAX(c.z) FROM c) + 1 AS m1 "
                              "FROM a", JOIN_SCHEMAS)

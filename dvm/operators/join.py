@@ -22,6 +22,7 @@ from dvm.context import Context, State, quote
 from dvm.dialect import SPARK
 from dvm.key_filter import KeyFilter
 from dvm.operators.base import Node, W, col_list, consolidate, null_safe_match, union_all
+from dvm.operators.filter import Filter
 
 #: equalities of a join condition used as key filters, at most (each a predicate of up to 16 ranges)
 MAX_KEY_FILTERS = 2
@@ -290,15 +291,23 @@ def inner_delta(cols: list[str], condition: exp.Expression | None, inputs: Input
 def absorb_equalities(node: Node, predicate: exp.Expression) -> exp.Expression | None:
     """Move each equality ``column = column`` of a WHERE ``predicate`` between the two inputs of an inner join
     below ``node`` (through a chain of inner joins, as ``FROM a, b, c WHERE ...`` builds them) into that
-    join's condition; the conjuncts left, in their order, or None. Why: the same rows (an inner join's
-    condition and a filter above it are one predicate), but a join that knows its equalities reads its large
-    input only where its delta's keys fall (:meth:`Inputs.keyed_post`), while ``ON TRUE`` reads all of it.
-    Columns only: an expression could fail (ANSI mode) on rows the other conjuncts would have dropped.
+    join's condition, and each conjunct over one input's columns alone into a Filter over that input; the
+    conjuncts left, in their order, or None. Why: the same rows (an inner join's condition and a filter above
+    it are one predicate), but a join that knows its equalities reads its large input only where its delta's
+    keys fall (:meth:`Inputs.keyed_post`), while ``ON TRUE`` reads all of it; and a delta filtered before the
+    join holds only the rows that can pass, so the keys it filters the other inputs by are only theirs.
+    Equalities of columns only: an expression in a join's condition would be evaluated on pairs of rows, and
+    could fail (ANSI mode) on pairs the other conjuncts would have dropped. A conjunct over one input is
+    evaluated on that input's rows, as Spark's optimiser evaluates it (it pushes such conjuncts into the
+    input's scan); those with a subquery, an aggregate or a window stay.
 
     The search also goes down the left input of a LEFT OUTER, SEMI or ANTI join: each of its rows passes (or
     not) as a whole with its columns unchanged, so a conjunct over those columns alone means the same below
     it. That is where a scalar subquery's decorrelated LEFT JOIN puts ``FROM a, b``: TPC-H Q17 joined its
-    changed lineitems with every part (``ON TRUE``) before the WHERE's ``p_partkey = l_partkey``."""
+    changed lineitems with every part (``ON TRUE``) before the WHERE's ``p_partkey = l_partkey``, and then
+    averaged the lineitems of every part its ~12K changed lineitems named (~11K of 200K, at both versions)
+    before its ``p_brand`` and ``p_container`` filter, pushed now, left ~10 (docs/BENCHMARKS.md, "Session
+    66")."""
     conjuncts = list(predicate.flatten()) if isinstance(predicate, exp.And) else [predicate]
     absorbed: set[int] = set()
     _absorb(node, conjuncts, absorbed)
@@ -310,10 +319,32 @@ def _columns(c: exp.Expression) -> set[str]:
     return {col.name for col in c.find_all(exp.Column)}
 
 
+def _movable(c: exp.Expression) -> bool:
+    """Whether a conjunct may filter a join's input instead (volatile functions never reach a plan: see
+    :func:`dvm.builder.checks.reject_unsafe`)."""
+    return not any(True for _ in c.find_all(exp.Subquery, exp.Select, exp.AggFunc, exp.Window))
+
+
+def _filtered(child: Node, conjuncts: list[exp.Expression], absorbed: set[int]) -> Node:
+    """``child`` under a Filter of the ``conjuncts`` (over its columns alone) no join below took; ``child``
+    itself when none is left, or when it is a join (its conjuncts went into its own inputs, and one over both
+    of them would be evaluated there as above)."""
+    if isinstance(child, BinaryJoin):
+        return child
+    taken = [c for c in conjuncts if id(c) not in absorbed and _movable(c)]
+    if not taken:
+        return child
+    absorbed.update(id(c) for c in taken)
+    return Filter(child, exp.and_(*(c.copy() for c in taken)))
+
+
 def _absorb(node: Node, conjuncts: list[exp.Expression], absorbed: set[int]) -> None:
     if isinstance(node, BinaryJoin) and node.kind in ("LEFT OUTER", "LEFT SEMI", "LEFT ANTI"):
         left = set(node.left.cols)
-        _absorb(node.left, [c for c in conjuncts if (names := _columns(c)) and names <= left], absorbed)
+        below = [c for c in conjuncts if (names := _columns(c)) and names <= left]
+        _absorb(node.left, below, absorbed)
+        node.left = _filtered(node.left, below, absorbed)
+        node.children = [node.left, node.right]
         return
     if type(node) is not InnerJoin:
         return
@@ -331,6 +362,9 @@ def _absorb(node: Node, conjuncts: list[exp.Expression], absorbed: set[int]) -> 
             absorbed.add(id(c))
     _absorb(node.left, below["left"], absorbed)
     _absorb(node.right, below["right"], absorbed)
+    node.left = _filtered(node.left, below["left"], absorbed)
+    node.right = _filtered(node.right, below["right"], absorbed)
+    node.children = [node.left, node.right]
 
 
 @dataclass(eq=False)
