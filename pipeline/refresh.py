@@ -238,8 +238,27 @@ class Refresher:
         d = self.catalog.get(name)
         if d.scc is not None and self.refresh_cycle is not None:  # a cycle member refreshes with its cycle
             if members := strata.component_of(self.catalog, name):
-                return self.refresh_cycle(self, name, members, seen, pin,
-                                          lambda up: self._refresh_tree(up, seen, pin, retry_conflicts))
+                started, t0 = time.time(), time.perf_counter()
+                try:
+                    return self.refresh_cycle(self, name, members, seen, pin,
+                                              lambda up: self._refresh_tree(up, seen, pin, retry_conflicts))
+                except (_WriteConflict, _Inconsistent):
+                    raise
+                except Exception as e:
+                    # a member's commit lost to another writer: the cycle is recomputed to its fixpoint from
+                    # scratch at every refresh, and a member committed before the loss holds those rows
+                    # already, so starting again is safe (its second write is a no-op record)
+                    if not _is_write_conflict(e):
+                        raise
+                    if retry_conflicts:
+                        raise _WriteConflict(_first_line(e)) from e
+                    lost = RefreshError(f"stream table {name}: its cycle ({', '.join(members)}) lost "
+                                        f"{CONFLICT_RETRIES + 1} commit races in a row to another writer "
+                                        f"({_first_line(e)}); nothing was applied twice; retry later, or "
+                                        "refresh it from one process only")
+                    for m in members:
+                        self._record_error(self.catalog.get(m), started, t0, lost)
+                    raise lost from None
         stale = False
         for key, src in d.sources.items():
             if src.kind == "stream_table" and key not in seen:

@@ -162,6 +162,44 @@ def test_the_iteration_limit_puts_every_member_in_error_with_the_count(
     assert rows(st, a) == Counter({(0, 1): 1}), "nothing of the unfinished fixpoint was written"
 
 
+def test_a_lost_commit_race_recomputes_the_cycle_and_losing_every_one_is_a_clear_error(
+        cyclic: StreamTables, spark: Any, make_source: Callable[..., str], unique_name: Callable[[str], str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer commits to the second member after the first member's commit: the refresh starts again
+    from the frontiers then committed and both members hold the closure; losing every race is a RefreshError
+    that names it, with nothing applied twice."""
+    from connectors import delta_sink
+    from pipeline import cycles
+
+    e, a, b = make_cycle(cyclic, make_source, unique_name, [(0, 1)])
+    spark.sql(f"INSERT INTO {e} VALUES (1, 2)")
+    original = cycles._Component._overwrite
+    calls: list[str] = []
+
+    def second_loses(self: Any, d: Any, *args: Any) -> None:
+        calls.append(d.name)
+        if len(calls) == 2:
+            raise delta_sink.CommitLost("injected: another writer committed first")
+        original(self, d, *args)
+
+    monkeypatch.setattr(cycles._Component, "_overwrite", second_loses)
+    result = cyclic.refresh_stream_table(a)
+    assert len(calls) >= 3, calls  # both members written, the second lost, then written again
+    assert result.action == "FULL", result
+    want_a, want_b = closure([(0, 1), (1, 2)])
+    assert (stored(cyclic, a), stored(cyclic, b)) == (want_a, want_b)
+
+    def lose(self: Any, d: Any, *args: Any) -> None:
+        raise delta_sink.CommitLost("injected")
+
+    monkeypatch.setattr(cycles._Component, "_overwrite", lose)
+    spark.sql(f"INSERT INTO {e} VALUES (2, 3)")
+    with pytest.raises(RefreshError, match=r"cycle .* lost \d+ commit races in a row"):
+        cyclic.refresh_stream_table(b)
+    assert (stored(cyclic, a), stored(cyclic, b)) == (want_a, want_b), "nothing of the lost refreshes written"
+    assert all("commit races" in (cyclic.catalog.get(m).last_error or "") for m in (a, b))
+
+
 def test_explain_shows_edge_classes(cyclic: StreamTables, make_source: Callable[..., str],
                                    unique_name: Callable[[str], str]) -> None:
     e, a, b = make_cycle(cyclic, make_source, unique_name, [(1, 2)])
