@@ -98,8 +98,9 @@ def _misleading_statistics(table: Any, schema: Any) -> set[str]:
     every file holding both NULLs and values (for a string column of that shape, pyarrow's ``c == 'x'`` skipped a
     file holding 'x'; a Spark BOOLEAN filtered through DuckDB was not seen to); the second for every file written
     before ``ALTER TABLE ADD COLUMNS`` (the column is absent from its statistics), so ``WHERE added IS NULL``
-    read none of them (tests/test_local_engine.py fails on it without this). A file without statistics at all gets no guarantee and is kept, and a column that is NULL
-    in every row of a file gets ``is_null(c)``, which is right."""
+    read none of them (tests/test_local_engine.py fails on it without this). A file without statistics at all
+    gets no guarantee and is kept, and a column that is NULL in every row of a file gets ``is_null(c)``, which
+    is right."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

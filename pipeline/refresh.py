@@ -242,8 +242,6 @@ class Refresher:
                 try:
                     return self.refresh_cycle(self, name, members, seen, pin,
                                               lambda up: self._refresh_tree(up, seen, pin, retry_conflicts))
-                except (_WriteConflict, _Inconsistent):
-                    raise
                 except Exception as e:
                     # a member's commit lost to another writer: the cycle is recomputed to its fixpoint from
                     # scratch at every refresh, and a member committed before the loss holds those rows
@@ -252,10 +250,7 @@ class Refresher:
                         raise
                     if retry_conflicts:
                         raise _WriteConflict(_first_line(e)) from e
-                    lost = RefreshError(f"stream table {name}: its cycle ({', '.join(members)}) lost "
-                                        f"{CONFLICT_RETRIES + 1} commit races in a row to another writer "
-                                        f"({_first_line(e)}); nothing was applied twice; retry later, or "
-                                        "refresh it from one process only")
+                    lost = _races_lost(f"stream table {name}: its cycle ({', '.join(members)})", e)
                     for m in members:
                         self._record_error(self.catalog.get(m), started, t0, lost)
                     raise lost from None
@@ -288,9 +283,7 @@ class Refresher:
                 if _is_write_conflict(e):
                     if retry_conflicts:
                         raise _WriteConflict(_first_line(e)) from e
-                    e = RefreshError(f"stream table {name}: lost {CONFLICT_RETRIES + 1} commit races in a row to "
-                                     f"another writer refreshing it ({_first_line(e)}); nothing was applied "
-                                     "twice; retry later, or refresh it from one process only")
+                    e = _races_lost(f"stream table {name}", e)
                     self._record_error(d, started, t0, e)
                     raise e from None
                 self._record_error(d, started, t0, e)
@@ -1063,6 +1056,13 @@ def _is_write_conflict(e: BaseException) -> bool:
 
 
 _first_line = history.first_line
+
+
+def _races_lost(who: str, e: BaseException) -> RefreshError:
+    """The error of a refresh that lost every commit race it was allowed to retry (``who``: what lost)."""
+    return RefreshError(f"{who} lost {CONFLICT_RETRIES + 1} commit races in a row to another writer refreshing "
+                        f"it ({_first_line(e)}); nothing was applied twice; retry later, or refresh it from one "
+                        "process only")
 
 
 def _history_gone(e: BaseException, d: StreamTableDef, pre: dict[str, int], post: dict[str, int]) -> str | None:
