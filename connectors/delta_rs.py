@@ -580,7 +580,8 @@ def merge(path: str, changes: Any, stored: list[str], update: bool, record: dict
     not matched and not ``__del`` -> insert."""
     with _committing(path, read_version) as table:
         builder = table.merge(_normalized(changes), predicate="t.__row_id = s.__row_id", source_alias="s",
-                              target_alias="t", commit_properties=_properties(record, txn_version, app_id))
+                              target_alias="t", commit_properties=_properties(record, txn_version, app_id),
+                              writer_properties=writer_properties(table.metadata().configuration))
         builder = builder.when_matched_delete(predicate="s.__del")
         if update:
             builder = builder.when_matched_update(
@@ -622,6 +623,30 @@ def upsert_keyed(path: str, rows: Any, keys: list[str], columns: list[str], kept
     return True
 
 
+def writer_properties(configuration: dict[str, str]) -> Any:
+    """How delta-rs writes a stream table's Parquet files, from the table properties Spark's writer reads
+    (:func:`connectors.delta_sink.table_properties`), so files of either writer are alike: no dictionary for
+    a column ``parquet.enable.dictionary#<column>`` turns it off for, and ``__row_id`` delta bit-packed when
+    ``parquet.writer.version`` is ``v2`` (delta-rs writes v1 pages, in which the encoding is just as valid).
+    None for a table without them (a mirror, a table created by another release)."""
+    return _writer_properties(tuple(sorted((k, v) for k, v in configuration.items() if k.startswith("parquet."))))
+
+
+@functools.lru_cache(maxsize=64)
+def _writer_properties(props: tuple[tuple[str, str], ...]) -> Any:
+    from deltalake import ColumnProperties, WriterProperties
+
+    conf = dict(props)
+    prefix = "parquet.enable.dictionary#"
+    columns: dict[str, dict[str, Any]] = {k[len(prefix):]: {"dictionary_enabled": False}
+                                          for k, v in conf.items() if k.startswith(prefix) and v.lower() == "false"}
+    if conf.get("parquet.writer.version", "").lower() == "v2" and "__row_id" in columns:
+        columns["__row_id"]["encoding"] = "DELTA_BINARY_PACKED"
+    if not columns:
+        return None
+    return WriterProperties(column_properties={c: ColumnProperties(**kw) for c, kw in columns.items()})
+
+
 def append(path: str, rows: Any, record: dict[str, Any], read_version: int, txn_version: int,
            app_id: str) -> dict[str, int]:
     """Append rows in one commit (an insert-only delta into a table whose rows have unique ids)."""
@@ -629,7 +654,8 @@ def append(path: str, rows: Any, record: dict[str, Any], read_version: int, txn_
 
     with _committing(path, read_version) as table:
         _execute(lambda: write_deltalake(table, _normalized(rows), mode="append",
-                                         commit_properties=_properties(record, txn_version, app_id)))
+                                         commit_properties=_properties(record, txn_version, app_id),
+                                         writer_properties=writer_properties(table.metadata().configuration)))
     return {"inserted": rows.num_rows, "updated": 0, "deleted": 0}
 
 
@@ -641,7 +667,8 @@ def overwrite(path: str, rows: Any, record: dict[str, Any], read_version: int, t
     with _committing(path, read_version) as table:
         before = table.count()
         _execute(lambda: write_deltalake(table, _normalized(rows), mode="overwrite",
-                                         commit_properties=_properties(record, txn_version, app_id)))
+                                         commit_properties=_properties(record, txn_version, app_id),
+                                         writer_properties=writer_properties(table.metadata().configuration)))
     return {"inserted": rows.num_rows, "updated": 0, "deleted": before}
 
 

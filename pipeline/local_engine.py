@@ -81,6 +81,12 @@ MAX_CHANGE_ROWS = "trickle.refresh.localEngineChangeRows"
 #: driver (default 1 GiB; filters and key filters usually read far less of them): a delta over larger
 #: tables runs where Spark runs it, on the cluster
 MAX_BYTES = "trickle.refresh.localEngineBelowBytes"
+#: Spark conf: bytes of Delta files a FULL refresh's (or a creation's) snapshots may total for DuckDB to compute
+#: the whole result on the driver (default 4 MiB; 0: never), whose rows delta-rs then commits: a Spark job and
+#: Spark's write cost a small table's creation about 1.3 s, DuckDB and delta-rs a few tens of ms. Small, since
+#: a FULL reads its sources whole and a result past ``trickle.apply.fullCollectRowsBelow`` rows is computed
+#: again by Spark
+MAX_FULL_BYTES = "trickle.refresh.localFullBelowBytes"
 #: Spark conf: disk DuckDB may spill to, in a folder under the system's temporary directory (default 4 GiB;
 #: DuckDB's own default is the working directory, without a limit). A delta that needs more fails on
 #: DuckDB, and Spark computes it
@@ -601,8 +607,13 @@ class _Translator:
         exp = self.exp
         if not isinstance(node, self.allowed):
             raise Unsupported(f"{type(node).__name__} ({node.sql('spark')[:80]})")
-        if isinstance(node, exp.Anonymous) and node.name.lower() not in ("xxhash64", "table_changes_by_path"):
+        if isinstance(node, exp.Anonymous) and node.name.lower() not in ("xxhash64", "table_changes_by_path",
+                                                                          "monotonically_increasing_id"):
             raise Unsupported(f"function {node.name}")
+        if isinstance(node, exp.Anonymous) and node.name.lower() == "monotonically_increasing_id" and not (
+                isinstance(node.parent, exp.BitwiseXor) and isinstance(node.parent.parent, exp.Alias)
+                and node.parent.parent.alias == "__row_id"):
+            raise Unsupported("monotonically_increasing_id other than as a plain-rows table's row number")
         if isinstance(node, exp.Like):
             pattern = node.expression
             if not (isinstance(pattern, exp.Literal) and pattern.is_string and "\\" not in pattern.name):
@@ -655,6 +666,11 @@ class _Translator:
         exp = self.exp
         if isinstance(node, exp.Table):
             return self.engine.relation(node)
+        if isinstance(node, exp.Anonymous) and node.name.lower() == "monotonically_increasing_id":
+            # a plain-rows FULL's row numbers (dvm.plan.plain_rows_sql; a user's query may not call it): only
+            # their uniqueness within the evaluation counts, which DuckDB's row numbers have too
+            return exp.Paren(this=exp.Sub(this=exp.cast(exp.Window(this=exp.RowNumber()), "BIGINT"),
+                                          expression=exp.Literal.number(1)))
         if isinstance(node, exp.Anonymous) and node.name.lower() == "xxhash64":
             h: Any = exp.cast(exp.Literal.number(42), "BIGINT")
             kinds = node.meta.get("spark") or [None] * len(node.expressions)
@@ -1226,15 +1242,17 @@ def _spark_types(table: Any, duck_types: list[str]) -> Any:
     return pa.Table.from_arrays(cols, names=table.column_names)
 
 
-def collect(spark: Any, ctx: Context, sql: str, read_version: int | None, conf: Any = None) -> Any:
+def collect(spark: Any, ctx: Context, sql: str, read_version: int | None, conf: Any = None,
+            max_bytes: int | None = None) -> Any:
     """The delta ``sql`` (rendered against ``ctx``) computed by DuckDB, as Arrow; raises :class:`Unsupported`
     when it must run on Spark (see the module docstring). ``conf``: where settings are read (default: the
-    session's)."""
+    session's). ``max_bytes``: the snapshots' limit instead of :data:`MAX_BYTES` (a FULL reads them whole)."""
     import duckdb
 
     conf = conf if conf is not None else spark.conf
-    engine = LocalEngine(spark, ctx, read_version, int(conf.get(MAX_CHANGE_ROWS, "1000000")),
-                         int(conf.get(MAX_BYTES, str(1 << 30))), int(conf.get(SPILL_BYTES, str(4 << 30))))
+    limit = max_bytes if max_bytes is not None else int(conf.get(MAX_BYTES, str(1 << 30)))
+    engine = LocalEngine(spark, ctx, read_version, int(conf.get(MAX_CHANGE_ROWS, "1000000")), limit,
+                         int(conf.get(SPILL_BYTES, str(4 << 30))))
     try:
         return engine.run(sql)
     except RecursionError as e:  # a predicate of thousands of ORs: its tree is deeper than Python recurses

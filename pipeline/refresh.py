@@ -122,6 +122,8 @@ class Refresher:
         #: why DuckDB cannot compute a table's delta, by (name, defining query): no second try (a reason that
         #: depends on the data, e.g. a change window too large, is not kept)
         self._local_refused: dict[tuple[str, str, str], str] = {}
+        #: the same for the whole result of a FULL refresh (:meth:`_local_full`)
+        self._local_full_refused: dict[tuple[str, str, str], str] = {}
         self._thread = threading.local()
         #: the session's trickle.* settings, read again only when they changed (see pipeline.session_conf)
         self._settings: SessionSettings | None = None
@@ -842,6 +844,8 @@ class Refresher:
             self._check_output(d, post, windows)
         ctx = self.context(d, None, post)
         sql = self.full_sql(d, post, ctx, windows)
+        if not check_output and (local := self._local_full(d, ctx, sql, record, read_version)) is not None:
+            return local
         small = None if check_output else self._small_full(d, read_version)
         with fixpoints.evaluated(self.spark, ctx):
             if small is None:
@@ -858,6 +862,66 @@ class Refresher:
         try:
             counts = delta_rs.overwrite(d.path, rows.select(self._stored_order(d, read_version, rows.column_names)),
                                         record, read_version, delta_sink.txn_version(read_version),
+                                        delta_sink.TXN_APP_ID)
+        except delta_rs.CommitFailed as e:
+            raise delta_sink.CommitLost(f"delta-rs did not overwrite {d.path}: {e}") from e
+        if delta_sink.committed_version(self.spark, d.path, record, read_version) is None:
+            raise delta_sink.CommitLost(f"the overwrite of {d.path} committed nothing")
+        return counts
+
+    def _local_full(self, d: StreamTableDef, ctx: Context, sql: str, record: dict[str, Any],
+                    read_version: int | None) -> dict[str, int] | None:
+        """A FULL refresh (a creation's first one too) computed by DuckDB on the driver and committed by delta-rs,
+        with no Spark job: when the sources' snapshots total at most ``trickle.refresh.localFullBelowBytes``, the
+        result holds at most ``trickle.apply.fullCollectRowsBelow`` rows, and delta-rs may write the table. None
+        when Spark must do it (the reason, when DuckDB refused, in ``delta_engine``). Why: on a small table a
+        FULL is Spark's fixed cost, a job and a write (about 1.3 s of every creation on the test machine)."""
+        limits = strategy.Limits.from_conf(self.conf)
+        max_bytes = int(self.conf.get(local_engine.MAX_FULL_BYTES, str(4 << 20)))
+        key = (d.name, d.maintained_query, d.dialect)
+        mode = local_engine.mode(self.conf)
+        if (mode == "off" or max_bytes <= 0 or not limits.delta_rs or limits.full_collect_rows <= 0
+                or local_path(d.path) is None
+                or (key in self._local_full_refused and mode == "auto")
+                or (read_version is None and ctx.fixpoints)):  # a new table's schema is Spark's analysis of sql
+            return None
+        if read_version is not None:
+            meta = DeltaLog(self.spark, d.path).metadata(read_version)
+            if meta is None or delta_rs.unusable(d.path, DeltaLog(self.spark, d.path).protocol(read_version)):
+                return None
+        try:
+            rows = local_engine.collect(self.spark, ctx, sql, None, self.conf, max_bytes)
+        except local_engine.Unsupported as e:
+            if e.lasting:
+                self._local_full_refused[key] = str(e)
+            record["delta_engine"] = f"spark: {e}"
+            return None
+        if rows.num_rows > limits.full_collect_rows:
+            return None
+        if mode == "verify":
+            with fixpoints.evaluated(self.spark, ctx):
+                spark_rows = fixpoints.reader(self.spark, ctx).sql(sql).toArrow()
+            if (diff := local_engine.same_rows(spark_rows, rows)) is not None:
+                raise RefreshError(f"stream table {d.name}: DuckDB's FULL result differs from Spark's: {diff}")
+        if read_version is None:  # created here, with the properties Spark's CREATE gives it, then overwritten
+            if not delta_sink.create(self.spark, self.spark.sql(sql), d.path):
+                return None
+            read_version = DeltaLog(self.spark, d.path).latest_version()
+            meta = DeltaLog(self.spark, d.path).metadata(read_version) if read_version is not None else None
+            if meta is None:
+                return None
+        try:
+            stored = rows.select([c for c, _ in meta.columns()]).cast(deletion_vectors.arrow_schema(meta))
+        except (KeyError, ValueError, TypeError, NotImplementedError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            record["delta_engine"] = f"spark: DuckDB's result does not fit the table's types ({_first_line(e)})"
+            return None
+        record["delta_engine"] = "duckdb"
+        record["apply"] = strategy.Choice("OVERWRITE", "delta-rs", f"the sources' snapshots total at most "
+                                          f"{max_bytes} bytes; DuckDB computed the {rows.num_rows} rows on the "
+                                          "driver and they replace the table").describe()
+        self.before_commit(d.name)
+        try:
+            counts = delta_rs.overwrite(d.path, stored, record, read_version, delta_sink.txn_version(read_version),
                                         delta_sink.TXN_APP_ID)
         except delta_rs.CommitFailed as e:
             raise delta_sink.CommitLost(f"delta-rs did not overwrite {d.path}: {e}") from e

@@ -220,7 +220,9 @@ def test_stream_tables_write_parquet_v2_without_dictionaries_for_hidden_columns(
     table_properties), which reach every Spark write into them and no other table's: v2 pages and
     encodings (``__row_id`` delta-packed), no dictionary for ``__row_hash`` / ``__row_id``. With
     ``trickle.streamTable.parquetWriterVersion=v1`` the files are v1; a value other than v1/v2 is refused
-    before anything is created. Every reader still sees the query's rows (``_check``)."""
+    before anything is created. Every reader still sees the query's rows (``_check``). A small table's first
+    population is written by delta-rs (``trickle.refresh.localFullBelowBytes``), which follows the same
+    properties as far as it can: ``__row_id`` delta bit-packed and no dictionaries, in v1 pages."""
     import glob
     import os
 
@@ -241,10 +243,20 @@ def test_stream_tables_write_parquet_v2_without_dictionaries_for_hidden_columns(
                     out.setdefault(c.path_in_schema, set()).update(c.encodings)
         return out
 
-    v2, v1 = unique_name("pq_v2"), unique_name("pq_v1")
-    st.create_stream_table(v2, f"SELECT k, v FROM {src}", refresh_mode="FULL")
-    with session_conf(spark, {PARQUET_WRITER: "v1"}):
-        st.create_stream_table(v1, f"SELECT k, v FROM {src}", refresh_mode="FULL")
+    from pipeline.local_engine import MAX_FULL_BYTES
+
+    v2, v1, by_rs = unique_name("pq_v2"), unique_name("pq_v1"), unique_name("pq_rs")
+    with session_conf(spark, {MAX_FULL_BYTES: "0"}):  # Spark's writer
+        st.create_stream_table(v2, f"SELECT k, v FROM {src}", refresh_mode="FULL")
+        with session_conf(spark, {PARQUET_WRITER: "v1"}):
+            st.create_stream_table(v1, f"SELECT k, v FROM {src}", refresh_mode="FULL")
+    st.create_stream_table(by_rs, f"SELECT k, v FROM {src}", refresh_mode="FULL")
+    assert st.history(by_rs, 1)[0]["apply"].startswith("OVERWRITE (delta-rs)"), st.history(by_rs, 1)
+    rs = encodings(by_rs)
+    assert "DELTA_BINARY_PACKED" in rs["__row_id"] and not rs["__row_id"] & {"PLAIN", "PLAIN_DICTIONARY",
+                                                                           "RLE_DICTIONARY"}, rs
+    assert not rs["__row_hash"] & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}, rs
+    _check(spark, st, by_rs, f"SELECT k, v FROM {src}", "after delta-rs created it")
     props = {r[0]: r[1] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{st.catalog.get(v2).path}`").collect()}
     assert props["parquet.writer.version"] == "v2" and props["delta.enableChangeDataFeed"] == "true", props
     assert props["parquet.enable.dictionary#__row_hash"] == props["parquet.enable.dictionary#__row_id"] == "false"
