@@ -878,9 +878,10 @@ class Refresher:
                 or (key in self._local_full_refused and mode == "auto")
                 or (read_version is None and ctx.fixpoints)):  # a new table's schema is Spark's analysis of sql
             return None
+        log = DeltaLog(self.spark, d.path)
         if read_version is not None:
-            meta = DeltaLog(self.spark, d.path).metadata(read_version)
-            if meta is None or delta_rs.unusable(d.path, DeltaLog(self.spark, d.path).protocol(read_version)):
+            meta = log.metadata(read_version)
+            if meta is None or delta_rs.unusable(d.path, log.protocol(read_version)):
                 return None
         try:
             rows = local_engine.collect(self.spark, ctx, sql, None, self.conf, max_bytes)
@@ -906,8 +907,8 @@ class Refresher:
         if read_version is None:  # created here, with the properties Spark's CREATE gives it, then overwritten
             if not delta_sink.create(self.spark, self.spark.sql(sql), d.path):
                 return None
-            read_version = DeltaLog(self.spark, d.path).latest_version()
-            meta = DeltaLog(self.spark, d.path).metadata(read_version) if read_version is not None else None
+            read_version = log.latest_version()
+            meta = log.metadata(read_version) if read_version is not None else None
             if meta is None:
                 return None
         try:

@@ -251,7 +251,9 @@ def test_stream_tables_write_parquet_v2_without_dictionaries_for_hidden_columns(
         with session_conf(spark, {PARQUET_WRITER: "v1"}):
             st.create_stream_table(v1, f"SELECT k, v FROM {src}", refresh_mode="FULL")
     st.create_stream_table(by_rs, f"SELECT k, v FROM {src}", refresh_mode="FULL")
-    assert st.history(by_rs, 1)[0]["apply"].startswith("OVERWRITE (delta-rs)"), st.history(by_rs, 1)
+    applied = st.history(by_rs, 1)[0]["apply"]
+    assert applied.startswith("OVERWRITE (delta-rs)") and "DuckDB computed" in applied, applied
+    assert "DuckDB" not in st.history(v2, 1)[0]["apply"], st.history(v2, 1)
     rs = encodings(by_rs)
     assert "DELTA_BINARY_PACKED" in rs["__row_id"] and not rs["__row_id"] & {"PLAIN", "PLAIN_DICTIONARY",
                                                                            "RLE_DICTIONARY"}, rs
