@@ -33,8 +33,13 @@ function over ``typeof``, which DuckDB folds while planning, so it costs nothing
   a literal length (Spark reads position 0 as 1 and a negative length as 0, DuckDB does not).
 * ``LENGTH`` of a string only, cast to Spark's INT; ``UPPER`` / ``LOWER`` of ASCII strings only (a row with
   other characters stops DuckDB: Java's case tables are not DuckDB's); ``ROW_NUMBER`` / ``RANK`` /
-  ``DENSE_RANK`` / ``NTILE`` cast to Spark's INT; ``NTH_VALUE`` by a literal position; ``LAG`` / ``LEAD`` by a literal offset without a default
-  (each engine coerces a default its own way).
+  ``DENSE_RANK`` / ``NTILE`` cast to Spark's INT; ``NTH_VALUE`` by a literal position; ``LAG`` / ``LEAD`` by a literal offset,
+  with a default only when it is an integer literal for a numeric argument or a string literal for a string (both
+  engines cast it to the argument's type); ``FIRST_VALUE`` / ``LAST_VALUE`` [IGNORE NULLS]; ``AVG`` over a window
+  of integers or floating point; frames by ROWS (UNBOUNDED, CURRENT ROW, a literal count) or by RANGE to
+  UNBOUNDED or CURRENT ROW (a RANGE offset is added to the ordering value by each engine's own type rules).
+* ``CAST(NULL AS t)`` for any ``t`` whose leaves cast alike, arrays, maps and structs included (the plain-rows
+  rule's deleted rows).
 * ``LATERAL`` subqueries (correlated per row in both), and ``explode`` only of the rules' own ``array(...)``
   and ``sequence(1, __dw)`` (a user's ``sequence(1, 0)`` counts down in Spark; INT bounds give INT elements).
 * Fixpoints (held relations, a recursive UNION's rounds, the counting series of the UNION ALL rules) are
@@ -360,6 +365,14 @@ def _guard(kind: str, a: str, b: str | None) -> bool:
         if a.startswith("DECIMAL") or (b or "").startswith("DECIMAL"):
             raise ValueError(f"trickle-unsupported: division of {a} by {b} (Spark divides decimals exactly)")
         return True
+    if kind == "default:int":  # an integer literal cast to an integer, a floating or a decimal argument
+        if not (a in _INTEGRAL or a in ("DOUBLE", "FLOAT") or a.startswith("DECIMAL")):
+            raise ValueError(f"trickle-unsupported: an integer default for a {a}")
+        return True
+    if kind == "default:string":
+        if a != "VARCHAR":
+            raise ValueError(f"trickle-unsupported: a string default for a {a}")
+        return True
     family = kind.split(":", 1)[1]
     if not _CASTS[family](a):
         raise ValueError(f"trickle-unsupported: CAST of a {a} to {family}")
@@ -391,7 +404,8 @@ def _allowed() -> tuple[type, ...]:
             exp.Values, exp.TsOrDsAdd, exp.Extract, exp.Year, exp.Month, exp.Day, exp.Quarter, exp.Substring,
             exp.TsOrDsToDate, exp.LogicalOr, exp.LogicalAnd, exp.BitwiseXorAgg, exp.BitwiseAndAgg, exp.BitwiseOrAgg,
             exp.Upper, exp.Lower, exp.Length, exp.Lag, exp.Lead, exp.Ntile, exp.Offset, exp.NthValue,
-            exp.PercentRank, exp.CumeDist)
+            exp.PercentRank, exp.CumeDist, exp.ColumnDef, exp.FirstValue, exp.LastValue,
+            exp.IgnoreNulls, exp.WindowSpec)
 
 
 _CAST_FAMILY = {"BIGINT": "INT", "INT": "INT", "SMALLINT": "INT", "TINYINT": "INT", "DOUBLE": "FLOAT",
@@ -400,6 +414,49 @@ _CAST_FAMILY = {"BIGINT": "INT", "INT": "INT", "SMALLINT": "INT", "TINYINT": "IN
 
 
 _DATE_PARTS = ("YEAR", "MONTH", "DAY", "QUARTER")
+
+
+def _null_type_ok(to: Any) -> bool:
+    """Whether ``CAST(NULL AS to)`` is the same typed NULL in DuckDB: a type whose every leaf casts between the
+    engines (:data:`_CAST_FAMILY`; a DECIMAL with its precision, whose default differs), nested in arrays,
+    maps and structs (sqlglot writes each in DuckDB's spelling)."""
+    from sqlglot import exp
+
+    if not isinstance(to, exp.DataType):
+        return False
+    kind = to.this.name if hasattr(to.this, "name") else str(to.this)
+    if kind in ("ARRAY", "MAP", "STRUCT"):
+        parts = [p.args.get("kind") if isinstance(p, exp.ColumnDef) else p for p in to.expressions]
+        return bool(parts) and all(_null_type_ok(p) for p in parts)
+    family = _CAST_FAMILY.get(kind)
+    return family is not None and not (family == "DECIMAL" and not to.expressions)
+
+
+def _plain_frame(spec: Any) -> bool:
+    """A window frame both engines bound alike: ROWS by UNBOUNDED, CURRENT ROW or a literal count of rows, RANGE
+    by UNBOUNDED or CURRENT ROW (its peers); not RANGE by an offset (added to the ordering value by each engine's
+    own type rules) nor EXCLUDE."""
+    from sqlglot import exp
+
+    bounds = [spec.args.get("start"), spec.args.get("end")]
+    named = lambda b: b is None or b in ("UNBOUNDED", "CURRENT ROW")  # noqa: E731
+    counted = lambda b: isinstance(b, exp.Literal) and not b.is_string and b.name.isdigit()  # noqa: E731
+    if spec.args.get("exclude") or spec.args.get("kind") not in ("ROWS", "RANGE"):
+        return False
+    return all(named(b) or (spec.args["kind"] == "ROWS" and counted(b)) for b in bounds)
+
+
+def _default_kind(node: Any) -> str | None:
+    """``int`` for an integer literal (maybe negated), ``string`` for a string literal: a LAG / LEAD default whose
+    cast to the argument's type both engines make alike, for the argument types :func:`_guard` lets through."""
+    from sqlglot import exp
+
+    inner = node.this if isinstance(node, exp.Neg) else node
+    if not isinstance(inner, exp.Literal):
+        return None
+    if inner.is_string:
+        return None if isinstance(node, exp.Neg) else "string"
+    return "int" if inner.name.isdigit() else None
 
 
 def _positive_literal(node: Any) -> bool:
@@ -618,8 +675,6 @@ class _Translator:
             pattern = node.expression
             if not (isinstance(pattern, exp.Literal) and pattern.is_string and "\\" not in pattern.name):
                 raise Unsupported("LIKE with a pattern that is not a literal without backslashes")
-        if isinstance(node, exp.Avg) and isinstance(node.parent, exp.Window):
-            raise Unsupported("AVG as a window function")
         if isinstance(node, exp.Lateral) and not (
                 isinstance(node.this, exp.Explode) and not node.args.get("outer")
                 and (isinstance(node.this.this, exp.Array) or _copies(node.this.this))) and not (
@@ -631,9 +686,18 @@ class _Translator:
                               "explode(sequence(1, __dw))")
         if isinstance(node, exp.Lag | exp.Lead):
             offset, default = node.args.get("offset"), node.args.get("default")
-            if not ((offset is None or _positive_literal(offset)) and (default is None or isinstance(default, exp.Null))):
-                # a default is coerced to the argument's type by each engine's own rules
-                raise Unsupported(f"{type(node).__name__.upper()} other than by a literal offset without a default")
+            if not ((offset is None or _positive_literal(offset)) and (
+                    default is None or isinstance(default, exp.Null) or _default_kind(default))):
+                # a default is cast to the argument's type by both engines; only literals whose cast agrees pass
+                raise Unsupported(f"{type(node).__name__.upper()} other than by a literal offset with an integer "
+                                  "or string literal default")
+        if isinstance(node, exp.WindowSpec) and not _plain_frame(node):
+            raise Unsupported(f"WindowSpec ({node.sql('spark')[:80]})")
+        if isinstance(node, exp.IgnoreNulls) and not (
+                isinstance(node.this, exp.FirstValue | exp.LastValue) and isinstance(node.parent, exp.Window)):
+            raise Unsupported(f"IGNORE NULLS ({node.sql('spark')[:80]})")
+        if isinstance(node, exp.FirstValue | exp.LastValue) and not isinstance(node.parent, exp.Window | exp.IgnoreNulls):
+            raise Unsupported(f"{type(node).__name__} outside a window")
         if isinstance(node, exp.NthValue) and not (_positive_literal(node.args.get("offset"))
                                                     and node.args.get("from_first") is None):
             raise Unsupported("NTH_VALUE other than by a literal position")
@@ -651,6 +715,8 @@ class _Translator:
                 # Spark reads a start of 0 as 1 and a negative length as 0, unlike DuckDB
                 raise Unsupported("SUBSTRING other than from a literal position for a literal length")
         if isinstance(node, exp.Cast | exp.TryCast):
+            if isinstance(node.this, exp.Null) and _null_type_ok(node.to):
+                return  # a typed NULL (the plain-rows rule's deleted rows): no value to convert
             family = _CAST_FAMILY.get(node.to.this.name if hasattr(node.to.this, "name") else str(node.to.this))
             if family is None or (family == "DECIMAL" and not node.to.expressions):
                 raise Unsupported(f"CAST to {node.to.sql('spark')}")
@@ -743,6 +809,14 @@ class _Translator:
             return self._guarded("string", node.this, None, value)
         if isinstance(node, exp.Window) and isinstance(node.this, exp.RowNumber | exp.Rank | exp.DenseRank | exp.Ntile):
             return exp.cast(node.copy(), "INT")  # an INT in Spark, a BIGINT in DuckDB (hashed otherwise)
+        if isinstance(node, exp.Window) and isinstance(node.this, exp.Avg):
+            # of integers or floating point only, a DOUBLE in both (a decimal's exact average is left to Spark);
+            # the argument's type is probed outside the window, where it is a plain (or grouped) expression
+            return self._guarded("avg", node.this.this, None, node.copy())
+        if isinstance(node, exp.Window) and isinstance(node.this, exp.Lag | exp.Lead) and (
+                kind := _default_kind(node.this.args.get("default"))):
+            # both engines cast the default to the argument's type (DuckDB's overflow is an error: Spark decides)
+            return self._guarded(f"default:{kind}", node.this.this, None, node.copy())
         if isinstance(node, exp.Div):
             zero = exp.EQ(this=node.expression.copy(), expression=exp.Literal.number(0))
             value = exp.Case(ifs=[exp.If(this=zero, true=exp.Anonymous(
@@ -750,12 +824,15 @@ class _Translator:
                 default=exp.Div(this=node.this.copy(), expression=node.expression.copy()))
             return self._guarded("div", node.this, node.expression, value)
         if isinstance(node, exp.Cast | exp.TryCast):
+            if isinstance(node.this, exp.Null):
+                return exp.Cast(this=exp.Null(), to=node.to.copy())
             name = node.to.this.name if hasattr(node.to.this, "name") else str(node.to.this)
             cast = exp.Cast(this=node.this.copy(), to=node.to.copy())
             if _CAST_FAMILY[name] == "DATE" and isinstance(node.this, exp.Literal) and _ISO_DATE.fullmatch(node.this.name):
                 return cast  # DATE '1994-01-01': both engines read an ISO date literal alike
             return self._guarded(f"cast:{_CAST_FAMILY[name]}", node.this, None, cast)
-        if isinstance(node, exp.Avg):  # typeof(min(x)): the argument's type, inside the aggregate's context
+        if isinstance(node, exp.Avg) and not isinstance(node.parent, exp.Window):
+            # typeof(min(x)): the argument's type, inside the aggregate's context
             probe = exp.Min(this=node.this.copy())
             kind = (node.meta.get("spark") or [None])[0]
             if isinstance(kind, spark_types.Decimal):  # Spark's Average: the exact SUM / COUNT at its result type

@@ -113,6 +113,16 @@ def test_date_parts_and_substrings_are_sparks(spark: Any, expr: str) -> None:
     "SELECT t.n, l.c, l.x FROM t LEFT JOIN LATERAL (SELECT u.n AS c, u.i AS x FROM t u WHERE u.b = t.b "
     "ORDER BY u.n DESC LIMIT 1) l ON TRUE ORDER BY t.n",
     "SELECT t.n, l.c FROM t JOIN LATERAL (SELECT COUNT(*) AS c FROM t u WHERE u.l > t.l) l ON l.c > t.n ORDER BY t.n",
+    # window defaults cast to the argument's type, IGNORE NULLS, frames by rows or peers, AVG over a window
+    "SELECT n, lag(i, 1, -1) OVER (ORDER BY n), lead(l, 2, 7) OVER (PARTITION BY b ORDER BY n), "
+    "lag(g, 1, 0) OVER (ORDER BY n), lag(s, 1, 'none') OVER (ORDER BY n DESC), "
+    "xxhash64(lag(i, 1, -1) OVER (ORDER BY n)) FROM t ORDER BY n",
+    "SELECT n, first_value(i) IGNORE NULLS OVER (ORDER BY n DESC), last_value(s) IGNORE NULLS OVER (ORDER BY n), "
+    "first_value(l) OVER (PARTITION BY b ORDER BY n) FROM t ORDER BY n",
+    "SELECT n, sum(i) OVER (ORDER BY n ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING), "
+    "max(s) OVER (ORDER BY n ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING), "
+    "count(i) OVER (ORDER BY b RANGE BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING), "
+    "avg(i) OVER (PARTITION BY b), avg(l) OVER (ORDER BY n ROWS 2 PRECEDING), avg(g) OVER (ORDER BY n ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) FROM t ORDER BY n",
 ])
 def test_functions_and_laterals_are_sparks(spark: Any, sql: str) -> None:
     """Aggregates, string functions, offsets and tiles of windows (ranks are Spark's INTs: hashed as such), and
@@ -184,7 +194,11 @@ def test_recursions_refused(sql: str, why: str) -> None:
     ("SELECT xxhash64(x) FROM t", "xxhash64 of a DECIMAL"),
     ("SELECT s LIKE 'a\\\\%' FROM t", "LIKE"),
     ("SELECT upper(concat(s, 'ß')) FROM t", "UPPER of a string past ASCII"),
-    ("SELECT lag(i, 1, 0) OVER (ORDER BY i) FROM t", "LAG other than"),
+    ("SELECT lag(s, 1, 0) OVER (ORDER BY s) FROM t", "an integer default for a VARCHAR"),
+    ("SELECT lag(f, 1, 0.5) OVER (ORDER BY f) FROM t", "LAG other than"),
+    ("SELECT avg(x) OVER (ORDER BY f) FROM t", "AVG of a DECIMAL"),
+    ("SELECT sum(f) OVER (ORDER BY f RANGE BETWEEN 1 PRECEDING AND CURRENT ROW) FROM t", "WindowSpec"),
+    ("SELECT CAST(NULL AS ARRAY<DECIMAL>) FROM t", "CAST to ARRAY<DECIMAL"),
     ("SELECT length(f) FROM t", "string function over a DOUBLE"),
     ("SELECT lower(f) FROM t", "string function over a DOUBLE"),
     ("SELECT e FROM t LATERAL VIEW explode(sequence(1, 3)) x AS e", "LATERAL other than"),
