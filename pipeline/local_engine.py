@@ -331,6 +331,10 @@ _CASTS: dict[str, Callable[[str], bool]] = {
 }
 
 
+#: DuckDB's type of an array whose elements are plain values both engines compare and print alike
+_PLAIN_ARRAY = re.compile(r"(TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT|FLOAT|DOUBLE|DECIMAL\(\d+,\d+\)|VARCHAR|BOOLEAN|DATE)\[\]")
+
+
 def _guard(kind: str, a: str, b: str | None) -> bool:
     """True when an operation on operands of DuckDB types ``a`` (and ``b``) means in DuckDB what it means in
     Spark; raises otherwise (DuckDB folds this while planning: see the module docstring)."""
@@ -364,6 +368,10 @@ def _guard(kind: str, a: str, b: str | None) -> bool:
     if kind == "div":
         if a.startswith("DECIMAL") or (b or "").startswith("DECIMAL"):
             raise ValueError(f"trickle-unsupported: division of {a} by {b} (Spark divides decimals exactly)")
+        return True
+    if kind == "explode":  # an array of plain values (not a map, not nested: their orders differ)
+        if not _PLAIN_ARRAY.fullmatch(a):
+            raise ValueError(f"trickle-unsupported: explode of a {a}")
         return True
     if kind == "default:int":  # an integer literal cast to an integer, a floating or a decimal argument
         if not (a in _INTEGRAL or a in ("DOUBLE", "FLOAT") or a.startswith("DECIMAL")):
@@ -555,7 +563,7 @@ class _Translator:
         self.rewritten = (exp.Table, exp.Anonymous, exp.Div, exp.IntDiv, exp.Mod, exp.TsOrDsAdd, exp.Extract, exp.Year,
                           exp.Month, exp.Day, exp.Quarter, exp.TsOrDsToDate, exp.Substring, exp.Cast, exp.TryCast,
                           exp.Avg, exp.Concat, exp.GenerateSeries, exp.Hint, exp.JoinHint, exp.Upper, exp.Lower,
-                          exp.Length, exp.Window, exp.Join)
+                          exp.Length, exp.Window, exp.Join, exp.Select)
 
     def __call__(self, sql: str) -> str:
         return self._translated(_parsed(sql, self.engine.ctx.run_id))
@@ -678,11 +686,14 @@ class _Translator:
         if isinstance(node, exp.Lateral) and not (
                 isinstance(node.this, exp.Explode) and not node.args.get("outer")
                 and (isinstance(node.this.this, exp.Array) or _copies(node.this.this))) and not (
-                isinstance(node.this, exp.Subquery) and not node.args.get("view")):
-            # the rules' own explode(array(...)) and explode(sequence(1, __dw)), and lateral subqueries (a
-            # correlated subquery per row in both); DuckDB's UNNEST of a user's array or map column, or an
-            # OUTER one, does not keep Spark's rows, and Spark's sequence(1, 0) counts down, DuckDB's is empty
-            raise Unsupported("LATERAL other than a subquery, or LATERAL VIEW explode(array(...)) or "
+                isinstance(node.this, exp.Subquery) and not node.args.get("view")) and not (
+                isinstance(node.this, exp.Explode) and not isinstance(node.this.this, exp.GenerateSeries)
+                and (node.args.get("view") or type(node.this) is exp.Explode)):
+            # the rules' own explode(array(...)) and explode(sequence(1, __dw)), lateral subqueries (a correlated
+            # subquery per row in both), and a user's [OUTER] explode / posexplode of an array of plain values
+            # (:meth:`_lateral_views`, guarded by the array's type: a map's or a nested value's order differs);
+            # Spark's sequence(1, 0) counts down where DuckDB's is empty
+            raise Unsupported("LATERAL other than a subquery, or LATERAL VIEW explode / posexplode of an array, or "
                               "explode(sequence(1, __dw))")
         if isinstance(node, exp.Lag | exp.Lead):
             offset, default = node.args.get("offset"), node.args.get("default")
@@ -856,6 +867,8 @@ class _Translator:
             return None
         if isinstance(node, exp.Join) and isinstance(node.this, exp.Lateral):
             return self._lateral_join(node)
+        if isinstance(node, exp.Select) and node.args.get("laterals"):
+            self._lateral_views(node)
         return node
 
     def _average(self, arg: Any, scale: int) -> Any:
@@ -894,11 +907,55 @@ class _Translator:
         lateral = join.this
         if not isinstance(lateral.this, exp.Explode):
             return join
-        if (join.side or "").upper() in ("LEFT", "RIGHT", "FULL"):
-            raise Unsupported(f"{join.side.upper()} JOIN LATERAL explode(...)")
+        side = (join.side or "").upper()
+        rules_own = isinstance(lateral.this.this, exp.Array)
+        if side in ("RIGHT", "FULL") or (side == "LEFT" and rules_own):
+            raise Unsupported(f"{side} JOIN LATERAL explode(...)")
         on = join.args.get("on")
-        unnest = exp.Unnest(expressions=[lateral.this.this.copy()], alias=lateral.args["alias"].copy())
+        array = lateral.this.this.copy() if rules_own else self._plain_array(lateral.this.this)
+        unnest = exp.Unnest(expressions=[array], alias=lateral.args["alias"].copy())
+        if side == "LEFT":  # a left row no element matches is kept once, NULL-padded, in both
+            return exp.Join(this=unnest, side="LEFT", on=on.copy() if on is not None else exp.true())
         return exp.Join(this=unnest, on=on.copy()) if on is not None else exp.Join(this=unnest, kind="CROSS")
+
+    def _plain_array(self, array: Any) -> Any:
+        """A user's array to unnest, guarded: an array of plain values (a map's entries, or a nested value
+        whose NULL fields order otherwise in DuckDB, are left to Spark)."""
+        return self._guarded("explode", array, None, array.copy())
+
+    def _lateral_views(self, select: Any) -> None:
+        """A SELECT's ``LATERAL VIEW [OUTER] explode / posexplode(arr) t AS ...`` clauses, when one explodes a
+        user's array, as joins after its FROM clause, in their order (a later one may read an earlier one's
+        columns): ``CROSS JOIN`` an ``UNNEST`` for an inner one, ``LEFT JOIN ... ON TRUE`` for an outer one, which
+        keeps a row whose array is NULL or empty once, NULL-padded, as Spark does. posexplode's position is
+        DuckDB's ordinality less one, an INT as in Spark."""
+        import sqlglot
+
+        exp = self.exp
+        views = select.args.get("laterals") or []
+        if not any(isinstance(v.this, exp.Explode) and not (isinstance(v.this.this, exp.Array) or _copies(v.this.this))
+                   or v.args.get("outer") for v in views):
+            return  # the rules' own explode(array(...)) / explode(sequence(...)): sqlglot renders them
+        for view in views:
+            g, alias = view.this, view.args["alias"]
+            outer = bool(view.args.get("outer")) or type(g) in (exp._ExplodeOuter, exp.PosexplodeOuter)
+            array = g.this.copy() if isinstance(g.this, exp.Array) or _copies(g.this) else self._plain_array(g.this)
+            cols = [_q(c.name) for c in alias.columns]
+            if isinstance(g, exp.Posexplode):
+                if len(cols) != 2:
+                    raise Unsupported("posexplode without two column names")
+                body = (f"SELECT CAST(__o - 1 AS INT) AS {cols[0]}, __x AS {cols[1]} "
+                        f"FROM UNNEST({array.sql('duckdb')}) WITH ORDINALITY AS __u(__x, __o)")
+            else:
+                if len(cols) != 1:
+                    raise Unsupported("explode of an array into other than one column")
+                body = f"SELECT __x AS {cols[0]} FROM UNNEST({array.sql('duckdb')}) AS __u(__x)"
+            join = "LEFT JOIN" if outer else "CROSS JOIN"
+            on = " ON TRUE" if outer else ""
+            item = sqlglot.parse_one(f"SELECT 1 FROM __l {join} LATERAL ({body}) AS {_q(alias.name)}{on}",
+                                     read="duckdb").args["joins"][0]
+            select.append("joins", item)
+        select.set("laterals", None)
 
 
 # --- the engine --------------------------------------------------------------------------------------------
