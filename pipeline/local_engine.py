@@ -40,6 +40,14 @@ function over ``typeof``, which DuckDB folds while planning, so it costs nothing
   UNBOUNDED or CURRENT ROW (a RANGE offset is added to the ordering value by each engine's own type rules).
 * ``CAST(NULL AS t)`` for any ``t`` whose leaves cast alike, arrays, maps and structs included (the plain-rows
   rule's deleted rows).
+* A user's ``LATERAL VIEW [OUTER] explode / posexplode`` (and ``[LEFT] JOIN LATERAL explode(...) ON θ``) of an
+  array of plain values, as ``UNNEST`` joins after the FROM clause (:meth:`_Translator._lateral_views`).
+* Structs only as MIN_BY / MAX_BY's rules write them: the stored value (o, v), never ordered, and the key
+  (o, v IS NOT NULL, v) they are picked and compared by, with a field added so a NULL ``o`` orders first as in
+  Spark (DuckDB orders a struct's NULL fields last), and plain fields only. ``VAR_POP`` / ``STDDEV_POP`` /
+  ``COVAR_POP`` of numbers (DOUBLEs by the same streaming update in both); ``~`` of integers.
+* A zero divisor stops DuckDB through a UDF (:func:`_nonzero_udf`), not ``error()``, which is volatile and so
+  refused in a window's PARTITION BY.
 * ``LATERAL`` subqueries (correlated per row in both), and ``explode`` only of the rules' own ``array(...)``
   and ``sequence(1, __dw)`` (a user's ``sequence(1, 0)`` counts down in Spark; INT bounds give INT elements).
 * Fixpoints (held relations, a recursive UNION's rounds, the counting series of the UNION ALL rules) are
@@ -369,6 +377,20 @@ def _guard(kind: str, a: str, b: str | None) -> bool:
         if a.startswith("DECIMAL") or (b or "").startswith("DECIMAL"):
             raise ValueError(f"trickle-unsupported: division of {a} by {b} (Spark divides decimals exactly)")
         return True
+    if kind == "integral":
+        if a not in _INTEGRAL:
+            raise ValueError(f"trickle-unsupported: ~ of a {a}")
+        return True
+    if kind == "moment":
+        for t in (a, b or "DOUBLE"):
+            if not (t in _INTEGRAL or t in ("DOUBLE", "FLOAT") or t.startswith("DECIMAL")):
+                raise ValueError(f"trickle-unsupported: a moment of a {t}")
+        return True
+    if kind == "plain":  # a struct's fields: no nested value
+        for t in (a, b or ""):
+            if any(n in t for n in ("[", "STRUCT", "MAP", "UNION")):
+                raise ValueError(f"trickle-unsupported: a struct field of type {t}")
+        return True
     if kind == "explode":  # an array of plain values (not a map, not nested: their orders differ)
         if not _PLAIN_ARRAY.fullmatch(a):
             raise ValueError(f"trickle-unsupported: explode of a {a}")
@@ -385,6 +407,25 @@ def _guard(kind: str, a: str, b: str | None) -> bool:
     if not _CASTS[family](a):
         raise ValueError(f"trickle-unsupported: CAST of a {a} to {family}")
     return True
+
+
+def _nonzero_udf(zero: Any) -> Any:
+    """Raises where a divisor is zero (Spark's ANSI mode does), else true. A UDF rather than DuckDB's ``error()``,
+    which is volatile, and DuckDB refuses a volatile expression in a window's PARTITION BY (the moment rules'
+    pivot partitions by the group key, ``x % 2`` say)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pc.any(pc.fill_null(zero, False)).as_py():
+        raise ValueError("division by zero")
+    return pa.array([True] * len(zero), pa.bool_())
+
+
+def _nonzero(zero: Any, value: Any) -> Any:
+    """``value`` where ``zero`` (the divisor = 0) is not true; stops DuckDB where it is (:func:`_nonzero_udf`)."""
+    from sqlglot import exp
+
+    return exp.Case(ifs=[exp.If(this=exp.Anonymous(this="__trickle_nonzero", expressions=[zero]), true=value)])
 
 
 def _guard_udf(kinds: Any, a: Any, b: Any) -> Any:
@@ -413,7 +454,8 @@ def _allowed() -> tuple[type, ...]:
             exp.TsOrDsToDate, exp.LogicalOr, exp.LogicalAnd, exp.BitwiseXorAgg, exp.BitwiseAndAgg, exp.BitwiseOrAgg,
             exp.Upper, exp.Lower, exp.Length, exp.Lag, exp.Lead, exp.Ntile, exp.Offset, exp.NthValue,
             exp.PercentRank, exp.CumeDist, exp.ColumnDef, exp.FirstValue, exp.LastValue,
-            exp.IgnoreNulls, exp.WindowSpec)
+            exp.IgnoreNulls, exp.WindowSpec, exp.Struct, exp.PropertyEQ, exp.Dot, exp.ArgMin, exp.ArgMax,
+            exp.VariancePop, exp.StddevPop, exp.CovarPop, exp.BitwiseNot)
 
 
 _CAST_FAMILY = {"BIGINT": "INT", "INT": "INT", "SMALLINT": "INT", "TINYINT": "INT", "DOUBLE": "FLOAT",
@@ -438,6 +480,60 @@ def _null_type_ok(to: Any) -> bool:
         return bool(parts) and all(_null_type_ok(p) for p in parts)
     family = _CAST_FAMILY.get(kind)
     return family is not None and not (family == "DECIMAL" and not to.expressions)
+
+
+def _struct_keys(node: Any) -> tuple[str, ...]:
+    from sqlglot import exp
+
+    return tuple(e.this.name if isinstance(e, exp.PropertyEQ) else "" for e in node.expressions)
+
+
+_ORDERED = ("LT", "LTE", "GT", "GTE", "EQ", "NEQ", "NullSafeEQ", "Min", "Max", "Least", "Greatest", "ArgMin",
+            "ArgMax")
+
+
+def _rules_struct(node: Any) -> bool:
+    """Whether struct ``node`` is one MIN_BY / MAX_BY's rules write, where they write it: the value (o, v), which
+    is stored and never ordered, or the key (o, n, v) with ``n`` = ``v IS NOT NULL``, which orders (a comparison
+    of keys, or the ordering of MIN_BY / MAX_BY). A NULL field would order first in Spark, last in DuckDB: the
+    key's ``n`` decides where ``v`` is NULL, and :meth:`_Translator._rewrite` adds a field deciding where ``o``
+    is."""
+    from sqlglot import exp
+
+    keys = _struct_keys(node)
+    arg, up = node, node.parent
+    while isinstance(up, exp.Paren | exp.Case | exp.If):
+        arg, up = up, up.parent
+    # MIN_BY / MAX_BY order by their second argument only
+    ordered = type(up).__name__ in _ORDERED and not (isinstance(up, exp.ArgMin | exp.ArgMax) and arg is up.this)
+    if keys == ("o", "v"):
+        return not ordered
+    if keys != ("o", "n", "v"):
+        return False
+    v, n = node.expressions[2].expression, node.expressions[1].expression
+    is_null = n.this if isinstance(n, exp.Not) else None
+    is_null = is_null.this if isinstance(is_null, exp.Paren) else is_null
+    if not (isinstance(is_null, exp.Is) and isinstance(is_null.expression, exp.Null)
+            and (is_null.this.this if isinstance(is_null.this, exp.Paren) else is_null.this) == v):
+        return False
+    return ordered
+
+
+def _ordering_key(node: Any) -> bool:
+    """Whether ``node`` is MIN_BY / MAX_BY's ordering key (:class:`dvm.operators.aggregates.extremum.Extremum`):
+    NULL, or a struct (o, n, v), maybe under CASEs."""
+    from sqlglot import exp
+
+    if isinstance(node, exp.Paren):
+        return _ordering_key(node.this)
+    if isinstance(node, exp.Null):
+        return True
+    if isinstance(node, exp.Struct):
+        return _struct_keys(node) == ("o", "n", "v")
+    if isinstance(node, exp.Case):
+        return all(_ordering_key(i.args["true"]) for i in node.args.get("ifs") or []) and (
+            node.args.get("default") is None or _ordering_key(node.args["default"]))
+    return False
 
 
 def _plain_frame(spec: Any) -> bool:
@@ -563,7 +659,8 @@ class _Translator:
         self.rewritten = (exp.Table, exp.Anonymous, exp.Div, exp.IntDiv, exp.Mod, exp.TsOrDsAdd, exp.Extract, exp.Year,
                           exp.Month, exp.Day, exp.Quarter, exp.TsOrDsToDate, exp.Substring, exp.Cast, exp.TryCast,
                           exp.Avg, exp.Concat, exp.GenerateSeries, exp.Hint, exp.JoinHint, exp.Upper, exp.Lower,
-                          exp.Length, exp.Window, exp.Join, exp.Select)
+                          exp.Length, exp.Window, exp.Join, exp.Select, exp.Struct, exp.VariancePop,
+                          exp.StddevPop, exp.CovarPop, exp.BitwiseNot)
 
     def __call__(self, sql: str) -> str:
         return self._translated(_parsed(sql, self.engine.ctx.run_id))
@@ -702,6 +799,17 @@ class _Translator:
                 # a default is cast to the argument's type by both engines; only literals whose cast agrees pass
                 raise Unsupported(f"{type(node).__name__.upper()} other than by a literal offset with an integer "
                                   "or string literal default")
+        if isinstance(node, exp.Struct) and not _rules_struct(node):
+            raise Unsupported(f"a struct other than MIN_BY / MAX_BY's ({node.sql('spark')[:80]})")
+        if isinstance(node, exp.PropertyEQ) and not isinstance(node.parent, exp.Struct):
+            raise Unsupported(f"PropertyEQ ({node.sql('spark')[:80]})")
+        if isinstance(node, exp.Dot) and node.name not in ("o", "v"):
+            raise Unsupported(f"a struct field other than MIN_BY / MAX_BY's ({node.sql('spark')[:80]})")
+        if isinstance(node, exp.ArgMin | exp.ArgMax) and not _ordering_key(node.expression):
+            # ties on an ordering are Spark's to break: only the rules' own key, unique per value, passes
+            raise Unsupported(f"{node.sql('spark')[:80]} other than by MIN_BY / MAX_BY's key")
+        if isinstance(node, exp.VariancePop | exp.StddevPop | exp.CovarPop) and isinstance(node.parent, exp.Window):
+            raise Unsupported(f"{type(node).__name__} as a window function")
         if isinstance(node, exp.WindowSpec) and not _plain_frame(node):
             raise Unsupported(f"WindowSpec ({node.sql('spark')[:80]})")
         if isinstance(node, exp.IgnoreNulls) and not (
@@ -770,9 +878,7 @@ class _Translator:
                                  exp.cast(quotient, f"DECIMAL({result.precision}, {result.scale})"))
         if isinstance(node, exp.Mod):  # integers only: Spark's sign (the dividend's) is DuckDB's
             zero = exp.EQ(this=node.expression.copy(), expression=exp.Literal.number(0))
-            value = exp.Case(ifs=[exp.If(this=zero, true=exp.Anonymous(
-                this="error", expressions=[exp.Literal.string("division by zero")]))],
-                default=exp.Mod(this=node.this.copy(), expression=node.expression.copy()))
+            value = _nonzero(zero, exp.Mod(this=node.this.copy(), expression=node.expression.copy()))
             return self._guarded("mod", node.this, node.expression, value)
         if isinstance(node, exp.IntDiv):
             # Spark's DIV (IntegralDivide) of integers: both operands cast to BIGINT (INT_MIN DIV -1 is 2^31),
@@ -782,9 +888,7 @@ class _Translator:
             # wraps where ANSI mode is off.
             a, b = exp.cast(node.this.copy(), "BIGINT"), exp.cast(node.expression.copy(), "BIGINT")
             zero = exp.EQ(this=b.copy(), expression=exp.Literal.number(0))
-            value = exp.Case(ifs=[exp.If(this=zero, true=exp.Anonymous(
-                this="error", expressions=[exp.Literal.string("division by zero")]))],
-                default=exp.IntDiv(this=a, expression=b))
+            value = _nonzero(zero, exp.IntDiv(this=a, expression=b))
             return self._guarded("intdiv", node.this, node.expression, value)
         if isinstance(node, exp.TsOrDsAdd):  # date_add(d, n): a DATE in Spark, where DuckDB's d + n days is a TIMESTAMP
             unit = node.args.get("unit")
@@ -830,9 +934,7 @@ class _Translator:
             return self._guarded(f"default:{kind}", node.this.this, None, node.copy())
         if isinstance(node, exp.Div):
             zero = exp.EQ(this=node.expression.copy(), expression=exp.Literal.number(0))
-            value = exp.Case(ifs=[exp.If(this=zero, true=exp.Anonymous(
-                this="error", expressions=[exp.Literal.string("division by zero")]))],
-                default=exp.Div(this=node.this.copy(), expression=node.expression.copy()))
+            value = _nonzero(zero, exp.Div(this=node.this.copy(), expression=node.expression.copy()))
             return self._guarded("div", node.this, node.expression, value)
         if isinstance(node, exp.Cast | exp.TryCast):
             if isinstance(node.this, exp.Null):
@@ -867,6 +969,23 @@ class _Translator:
             return None
         if isinstance(node, exp.Join) and isinstance(node.this, exp.Lateral):
             return self._lateral_join(node)
+        if isinstance(node, exp.BitwiseNot):  # two's complement of an integer, its own type, in both
+            return self._guarded("integral", node.this, None, node.copy())
+        if isinstance(node, exp.VariancePop | exp.StddevPop | exp.CovarPop) and not isinstance(node.parent, exp.Window):
+            # of numbers only, as DOUBLEs in both (Spark casts a string; Welford's update in both), probed inside
+            # the aggregate's context as AVG's argument is
+            b = node.expression if isinstance(node, exp.CovarPop) else None
+            return self._guarded("moment", exp.Min(this=node.this.copy()),
+                                 exp.Min(this=b.copy()) if b is not None else None, node.copy())
+        if isinstance(node, exp.Struct):
+            # MIN_BY / MAX_BY's struct and key: their fields must be plain values, whose order both engines share
+            # (a nested value's NULL fields order first in Spark, last in DuckDB)
+            fields = {e.this.name: e.expression for e in node.expressions}
+            struct = node.copy()
+            if "n" in fields:  # the key: a NULL ``o`` first, as in Spark (DuckDB orders NULL fields last)
+                struct.set("expressions", [exp.PropertyEQ(this=exp.to_identifier("z"), expression=exp.Not(
+                    this=exp.Is(this=fields["o"].copy(), expression=exp.Null()))), *struct.expressions])
+            return self._guarded("plain", fields["o"], fields["v"], struct)
         if isinstance(node, exp.Select) and node.args.get("laterals"):
             self._lateral_views(node)
         return node
@@ -997,7 +1116,8 @@ class _Database:
         for name, fn, args, out in (
                 ("__trickle_h", _hash_udf, ["VARCHAR", "VARCHAR", "BIGINT", "VARCHAR"], "BIGINT"),
                 ("__trickle_div", _divide_udf, ["VARCHAR", "VARCHAR", "INTEGER"], "VARCHAR"),
-                ("__trickle_ok", _guard_udf, ["VARCHAR", "VARCHAR", "VARCHAR"], "BOOLEAN")):
+                ("__trickle_ok", _guard_udf, ["VARCHAR", "VARCHAR", "VARCHAR"], "BOOLEAN"),
+                ("__trickle_nonzero", _nonzero_udf, ["BOOLEAN"], "BOOLEAN")):
             self.con.create_function(name, fn, args, out, type="arrow", side_effects=False, null_handling="special")
         self.threads = THREADS
         self._large = 0  # statements running that read more than SMALL_INPUT_BYTES

@@ -15,6 +15,10 @@ undefined, so these are answers Spark itself may give, and FULL and DIFFERENTIAL
   determined by the group (e.g. a column functionally dependent on the key), which is what they are for.
 * MIN_BY(x, y) / MAX_BY(x, y) are the extremum of the struct (y, x) over the rows where y is not NULL, then
   its x: ties on y go to the least x (MIN_BY) / the greatest x (MAX_BY), NULL x ordering first.
+  The struct (y, x) is what the table stores, but it is never compared itself: it is picked by a key
+  (y, x IS NOT NULL, x), which orders a NULL x first without a NULL field ever deciding a comparison. Spark
+  orders a struct's NULL fields first, DuckDB last; over the key both engines agree (the local engine,
+  :mod:`pipeline.local_engine`, computes these deltas too), and Spark's answer is the struct's own extremum.
 """
 
 from __future__ import annotations
@@ -35,19 +39,40 @@ class Extremum(AggCall):
     def pick(self) -> str:
         return "MAX" if self.func in ("max", "max_by") else "MIN"
 
+    @property
+    def by(self) -> bool:
+        return self.func in ("min_by", "max_by")
+
     def value(self) -> str:
-        if self.func in ("min_by", "max_by"):
+        if self.by:
             x, y = self.a(0), self.a(1)
             return f"CASE WHEN ({y}) IS NOT NULL THEN named_struct('o', {y}, 'v', {x}) END"
         return self.a()
 
+    def key(self) -> str:
+        """MIN_BY / MAX_BY: the order of :meth:`value`, NULL where it is NULL (see the module docstring)."""
+        x, y = self.a(0), self.a(1)
+        return f"CASE WHEN ({y}) IS NOT NULL THEN named_struct('o', {y}, 'n', ({x}) IS NOT NULL, 'v', {x}) END"
+
+    @staticmethod
+    def stored_key(ext: str) -> str:
+        """:meth:`key` of a stored (or merged) struct ``ext``."""
+        return f"named_struct('o', ({ext}).o, 'n', ({ext}).v IS NOT NULL, 'v', ({ext}).v)"
+
+    def extremum(self, when: str = "") -> str:
+        """The aggregate of :meth:`value` over the rows where ``when`` holds (all rows if empty)."""
+        v, k = self.value(), self.key() if self.by else ""
+        if when:
+            v, k = f"CASE WHEN {when} THEN {v} END", f"CASE WHEN {when} THEN {k} END"
+        return f"{self.pick}_BY({v}, {k})" if self.by else f"{self.pick}({v})"
+
     def unwrap(self, ext: str) -> str:
-        return f"({ext}).v" if self.func in ("min_by", "max_by") else ext
+        return f"({ext}).v" if self.by else ext
 
     def sql(self) -> str:
         if self.func in ("min", "max"):
             return f"{self.pick}({self.a()})"
-        return self.unwrap(f"{self.pick}({self.value()})")
+        return self.unwrap(self.extremum())
 
     def rule(self) -> str:
         what = {"first": "FIRST", "last": "LAST", "any_value": "ANY_VALUE"}.get(self.func)
@@ -61,26 +86,29 @@ class Extremum(AggCall):
                 f"rescan only when a deleted value reaches the stored {self.pick}{extra}")
 
     def state(self) -> Cols:
-        return [(f"{self.p}_ext", f"{self.pick}({self.value()})")]
+        return [(f"{self.p}_ext", self.extremum())]
 
     def output(self) -> str:
         return self.unwrap(f"{self.p}_ext")
 
     def delta_terms(self) -> Cols:
-        v = self.value()
-        return [(f"{self.d}_ins", f"{self.pick}(CASE WHEN __w > 0 THEN {v} END)"),
-                (f"{self.d}_del", f"{self.pick}(CASE WHEN __w < 0 THEN {v} END)")]
+        return [(f"{self.d}_ins", self.extremum("__w > 0")), (f"{self.d}_del", self.extremum("__w < 0"))]
+
+    def _ordered(self, a: str, cmp: str, b: str) -> str:
+        return f"{self.stored_key(a)} {cmp} {self.stored_key(b)}" if self.by else f"{a} {cmp} {b}"
 
     def merged_state(self) -> Cols:
         p, d, o = self.p, self.d, self.o
-        best = "GREATEST" if self.pick == "MAX" else "LEAST"
+        cmp = ">=" if self.pick == "MAX" else "<="
+        best = (f"CASE WHEN {self._ordered(f'{o}_ext', cmp, f'{d}_ins')} THEN {o}_ext ELSE {d}_ins END" if self.by
+                else f"{'GREATEST' if self.pick == 'MAX' else 'LEAST'}({o}_ext, {d}_ins)")
         return [(f"{p}_ext", f"CASE WHEN {o}_ext IS NULL THEN {d}_ins WHEN {d}_ins IS NULL THEN {o}_ext "
-                             f"ELSE {best}({o}_ext, {d}_ins) END")]
+                             f"ELSE {best} END")]
 
     def needs_rescan(self) -> str | None:
         d, o = self.d, self.o
         cmp = ">=" if self.pick == "MAX" else "<="
-        return f"({d}_del IS NOT NULL AND {o}_ext IS NOT NULL AND {d}_del {cmp} {o}_ext)"
+        return f"({d}_del IS NOT NULL AND {o}_ext IS NOT NULL AND {self._ordered(f'{d}_del', cmp, f'{o}_ext')})"
 
 
 @dataclass(eq=False)
