@@ -36,8 +36,9 @@ function over ``typeof``, which DuckDB folds while planning, so it costs nothing
   ``DENSE_RANK`` / ``NTILE`` cast to Spark's INT; ``NTH_VALUE`` by a literal position; ``LAG`` / ``LEAD`` by a literal offset,
   with a default only when it is an integer literal for a numeric argument or a string literal for a string (both
   engines cast it to the argument's type); ``FIRST_VALUE`` / ``LAST_VALUE`` [IGNORE NULLS]; ``AVG`` over a window
-  of integers or floating point; frames by ROWS (UNBOUNDED, CURRENT ROW, a literal count) or by RANGE to
-  UNBOUNDED or CURRENT ROW (a RANGE offset is added to the ordering value by each engine's own type rules).
+  of integers or floating point; frames by ROWS (UNBOUNDED, CURRENT ROW, a literal count) or by RANGE (a
+  literal offset only from one integer ordering value: a decimal's or a double's is typed by each engine's own
+  rules).
 * ``CAST(NULL AS t)`` for any ``t`` whose leaves cast alike, arrays, maps and structs included (the plain-rows
   rule's deleted rows).
 * A user's ``LATERAL VIEW [OUTER] explode / posexplode`` (and ``[LEFT] JOIN LATERAL explode(...) ON θ``) of an
@@ -379,7 +380,7 @@ def _guard(kind: str, a: str, b: str | None) -> bool:
         return True
     if kind == "integral":
         if a not in _INTEGRAL:
-            raise ValueError(f"trickle-unsupported: ~ of a {a}")
+            raise ValueError(f"trickle-unsupported: an integer operation on a {a}")
         return True
     if kind == "moment":
         for t in (a, b or "DOUBLE"):
@@ -547,7 +548,19 @@ def _plain_frame(spec: Any) -> bool:
     counted = lambda b: isinstance(b, exp.Literal) and not b.is_string and b.name.isdigit()  # noqa: E731
     if spec.args.get("exclude") or spec.args.get("kind") not in ("ROWS", "RANGE"):
         return False
-    return all(named(b) or (spec.args["kind"] == "ROWS" and counted(b)) for b in bounds)
+    if spec.args["kind"] == "RANGE" and not all(named(b) for b in bounds):
+        # by an offset from one ordering value, which :meth:`_Translator._rewrite` guards to be an integer
+        order = spec.parent.args.get("order") if isinstance(spec.parent, exp.Window) else None
+        return order is not None and len(order.expressions) == 1 and all(named(b) or counted(b) for b in bounds)
+    return all(named(b) or counted(b) for b in bounds)
+
+
+def _range_by_offset(window: Any) -> bool:
+    from sqlglot import exp
+
+    spec = window.args.get("spec")
+    return (spec is not None and spec.args.get("kind") == "RANGE"
+            and any(isinstance(b, exp.Literal) for b in (spec.args.get("start"), spec.args.get("end"))))
 
 
 def _default_kind(node: Any) -> str | None:
@@ -924,6 +937,14 @@ class _Translator:
             return self._guarded("string", node.this, None, value)
         if isinstance(node, exp.Window) and isinstance(node.this, exp.RowNumber | exp.Rank | exp.DenseRank | exp.Ntile):
             return exp.cast(node.copy(), "INT")  # an INT in Spark, a BIGINT in DuckDB (hashed otherwise)
+        if isinstance(node, exp.Window) and _range_by_offset(node):
+            # RANGE n PRECEDING / FOLLOWING: the same frame in both over an integer ordering value (NULLs are
+            # each other's peers); a decimal's or a double's offset is typed by each engine's own rules
+            ordered = node.args["order"].expressions[0]
+            ordered.set("this", self._guarded("integral", ordered.this, None, ordered.this.copy()))
+            if isinstance(node.this, exp.Avg):
+                return self._guarded("avg", node.this.this, None, node.copy())
+            return node
         if isinstance(node, exp.Window) and isinstance(node.this, exp.Avg):
             # of integers or floating point only, a DOUBLE in both (a decimal's exact average is left to Spark);
             # the argument's type is probed outside the window, where it is a plain (or grouped) expression

@@ -124,7 +124,9 @@ def test_date_parts_and_substrings_are_sparks(spark: Any, expr: str) -> None:
     "SELECT n, sum(i) OVER (ORDER BY n ROWS BETWEEN 1 PRECEDING AND 1 FOLLOWING), "
     "max(s) OVER (ORDER BY n ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING), "
     "count(i) OVER (ORDER BY b RANGE BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING), "
-    "avg(i) OVER (PARTITION BY b), avg(l) OVER (ORDER BY n ROWS 2 PRECEDING), avg(g) OVER (ORDER BY n ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) FROM t ORDER BY n",
+    "avg(i) OVER (PARTITION BY b), sum(l) OVER (ORDER BY nullif(n, 2) RANGE BETWEEN 1 PRECEDING AND CURRENT ROW), "
+    "count(*) OVER (ORDER BY nullif(n, 1) DESC RANGE BETWEEN CURRENT ROW AND 2 FOLLOWING), "
+    "avg(l) OVER (ORDER BY n ROWS 2 PRECEDING), avg(g) OVER (ORDER BY n ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) FROM t ORDER BY n",
 ])
 def test_functions_and_laterals_are_sparks(spark: Any, sql: str) -> None:
     """Aggregates, string functions, offsets and tiles of windows (ranks are Spark's INTs: hashed as such), and
@@ -286,7 +288,8 @@ def test_recursions_refused(sql: str, why: str) -> None:
     ("SELECT lag(s, 1, 0) OVER (ORDER BY s) FROM t", "an integer default for a VARCHAR"),
     ("SELECT lag(f, 1, 0.5) OVER (ORDER BY f) FROM t", "LAG other than"),
     ("SELECT avg(x) OVER (ORDER BY f) FROM t", "AVG of a DECIMAL"),
-    ("SELECT sum(f) OVER (ORDER BY f RANGE BETWEEN 1 PRECEDING AND CURRENT ROW) FROM t", "WindowSpec"),
+    ("SELECT sum(f) OVER (ORDER BY f RANGE BETWEEN 1 PRECEDING AND CURRENT ROW) FROM t", "integer operation on a DOUBLE"),
+    ("SELECT sum(f) OVER (ORDER BY f, s RANGE BETWEEN 1 PRECEDING AND CURRENT ROW) FROM t", "WindowSpec"),
     ("SELECT CAST(NULL AS ARRAY<DECIMAL>) FROM t", "CAST to ARRAY<DECIMAL"),
     ("SELECT length(f) FROM t", "string function over a DOUBLE"),
     ("SELECT lower(f) FROM t", "string function over a DOUBLE"),
