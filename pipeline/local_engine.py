@@ -467,10 +467,11 @@ _CAST_FAMILY = {"BIGINT": "INT", "INT": "INT", "SMALLINT": "INT", "TINYINT": "IN
 _DATE_PARTS = ("YEAR", "MONTH", "DAY", "QUARTER")
 
 
-def _null_type_ok(to: Any) -> bool:
+def _null_type_ok(to: Any, nested: bool = True) -> bool:
     """Whether ``CAST(NULL AS to)`` is the same typed NULL in DuckDB: a type whose every leaf casts between the
     engines (:data:`_CAST_FAMILY`; a DECIMAL with its precision, whose default differs), nested in arrays,
-    maps and structs (sqlglot writes each in DuckDB's spelling)."""
+    maps and structs (sqlglot writes each in DuckDB's spelling). ``nested`` False: a leaf type only, the targets
+    a CAST of a value may have."""
     from sqlglot import exp
 
     if not isinstance(to, exp.DataType):
@@ -478,7 +479,7 @@ def _null_type_ok(to: Any) -> bool:
     kind = to.this.name if hasattr(to.this, "name") else str(to.this)
     if kind in ("ARRAY", "MAP", "STRUCT"):
         parts = [p.args.get("kind") if isinstance(p, exp.ColumnDef) else p for p in to.expressions]
-        return bool(parts) and all(_null_type_ok(p) for p in parts)
+        return nested and bool(parts) and all(_null_type_ok(p) for p in parts)
     family = _CAST_FAMILY.get(kind)
     return family is not None and not (family == "DECIMAL" and not to.expressions)
 
@@ -849,8 +850,7 @@ class _Translator:
         if isinstance(node, exp.Cast | exp.TryCast):
             if isinstance(node.this, exp.Null) and _null_type_ok(node.to):
                 return  # a typed NULL (the plain-rows rule's deleted rows): no value to convert
-            family = _CAST_FAMILY.get(node.to.this.name if hasattr(node.to.this, "name") else str(node.to.this))
-            if family is None or (family == "DECIMAL" and not node.to.expressions):
+            if not _null_type_ok(node.to, nested=False):
                 raise Unsupported(f"CAST to {node.to.sql('spark')}")
 
     def _guarded(self, kind: str, a: Any, b: Any | None, value: Any) -> Any:
@@ -1073,13 +1073,13 @@ class _Translator:
 
         exp = self.exp
         views = select.args.get("laterals") or []
-        if not any(isinstance(v.this, exp.Explode) and not (isinstance(v.this.this, exp.Array) or _copies(v.this.this))
-                   or v.args.get("outer") for v in views):
+        rules_own = lambda g: isinstance(g.this, exp.Array) or _copies(g.this)  # noqa: E731
+        outer = lambda v: bool(v.args.get("outer")) or type(v.this) in (exp._ExplodeOuter, exp.PosexplodeOuter)  # noqa: E731
+        if all(type(v.this) is exp.Explode and rules_own(v.this) and not outer(v) for v in views):
             return  # the rules' own explode(array(...)) / explode(sequence(...)): sqlglot renders them
         for view in views:
             g, alias = view.this, view.args["alias"]
-            outer = bool(view.args.get("outer")) or type(g) in (exp._ExplodeOuter, exp.PosexplodeOuter)
-            array = g.this.copy() if isinstance(g.this, exp.Array) or _copies(g.this) else self._plain_array(g.this)
+            array = g.this.copy() if rules_own(g) else self._plain_array(g.this)
             cols = [_q(c.name) for c in alias.columns]
             if isinstance(g, exp.Posexplode):
                 if len(cols) != 2:
@@ -1090,8 +1090,8 @@ class _Translator:
                 if len(cols) != 1:
                     raise Unsupported("explode of an array into other than one column")
                 body = f"SELECT __x AS {cols[0]} FROM UNNEST({array.sql('duckdb')}) AS __u(__x)"
-            join = "LEFT JOIN" if outer else "CROSS JOIN"
-            on = " ON TRUE" if outer else ""
+            join = "LEFT JOIN" if outer(view) else "CROSS JOIN"
+            on = " ON TRUE" if outer(view) else ""
             item = sqlglot.parse_one(f"SELECT 1 FROM __l {join} LATERAL ({body}) AS {_q(alias.name)}{on}",
                                      read="duckdb").args["joins"][0]
             select.append("joins", item)

@@ -154,6 +154,9 @@ ARRAYS = pa.table({
     "SELECT t.n, e.x FROM t LATERAL VIEW posexplode_outer(t.a) e AS p, x WHERE e.p IS NULL OR e.p > 0 ORDER BY 1, 2",
     "SELECT t.n, r.x FROM t LEFT JOIN LATERAL explode(t.a) AS r(x) ON r.x > t.w ORDER BY 1, 2",
     "SELECT t.n, r.x FROM t JOIN LATERAL explode(t.a) AS r(x) ON r.x >= t.w ORDER BY 1, 2",
+    # the rules' own array(...) form, but posexplode (an INT position) and OUTER: converted as a user's is
+    "SELECT t.n, e.p, e.x, xxhash64(e.p) FROM t LATERAL VIEW posexplode(array(t.w, 1)) e AS p, x ORDER BY 1, 2",
+    "SELECT t.n, e.x FROM t LATERAL VIEW explode_outer(array(t.w)) e AS x ORDER BY 1, 2",
 ])
 def test_explodes_of_arrays_are_sparks(spark: Any, sql: str) -> None:
     """A user's [OUTER] explode / posexplode of an array column: NULL and empty arrays, NULL elements, positions
