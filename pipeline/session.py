@@ -117,6 +117,11 @@ def spark_session(
 
     wh = location(warehouse or os.environ.get("TRICKLE_WAREHOUSE", "warehouse"))  # a URI stays as written
     settings["spark.sql.warehouse.dir"] = str(wh)
+    from pipeline import jvm_cds
+
+    cds = jvm_cds.java_options()  # the classes a session loads, from one archive (see pipeline/jvm_cds.py)
+    if cds:
+        settings["spark.driver.extraJavaOptions"] += f" {cds}"
     jars = [j for j in local_jars() if not Path(j).name.startswith(CLASSPATH_ONLY_JARS)]
     if jars:
         settings["spark.jars"] = ",".join(jars)

@@ -103,7 +103,11 @@ SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1"
 def short_lived_jvm(env: dict[str, str]) -> dict[str, str]:
     """``env`` with :data:`SHORT_LIVED_JVM` in ``JAVA_TOOL_OPTIONS``, which every JVM reads at start, the
     ones Spark forks itself included (they inherit the environment); options already there stay."""
-    options = " ".join(filter(None, (env.get("JAVA_TOOL_OPTIONS"), SHORT_LIVED_JVM)))
+    from pipeline import jvm_cds
+
+    # and the class archive the test session's own JVM maps (pipeline/jvm_cds.py): a JVM whose classpath it
+    # does not fit (spark-submit's launcher, an executor) loads its classes as before
+    options = " ".join(filter(None, (env.get("JAVA_TOOL_OPTIONS"), SHORT_LIVED_JVM, jvm_cds.java_options())))
     return {**env, "JAVA_TOOL_OPTIONS": options}
 
 
