@@ -9,7 +9,7 @@ against 10.9-11.5 s. The test suite starts two such JVMs and dozens of short-liv
 
 On-disk layout: ``<folder>/<key>.jsa``, where the folder is ``jars/cds`` of a source checkout, else
 ``cds`` in the per-user cache (:func:`pipeline.jvm_jars.cache_dir`), and the key hashes what the archive
-was made from (the JDK's release, pyspark's jars and ours, by name and size). A changed JDK or jar gets an
+was made from (the JDK's release, pyspark's jars and ours, by path and size). A changed JDK or jar gets an
 archive of its own; old ones are simply unused. The archive is made by the JVM itself at its exit
 (``-XX:ArchiveClassesAtExit``) into a scratch name, then renamed into place, so a half-written archive never
 carries the final name.
@@ -73,7 +73,8 @@ def _java() -> Path | None:
 
 def _key(java: Path) -> str:
     """A hash of the JDK (its ``release`` file, else the binary's size and time) and of every jar a local
-    session reads, by name and size."""
+    session reads, by path and size: the JVM checks the archive against its classpath, so a moved checkout
+    or virtualenv needs an archive of its own, not a silently unused one."""
     from pipeline.session import local_jars
 
     h = hashlib.sha256()
@@ -87,7 +88,7 @@ def _key(java: Path) -> str:
 
     jars = sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar")) + [Path(j) for j in local_jars()]
     for jar in jars:
-        h.update(f"\0{jar.name}:{jar.stat().st_size}".encode())
+        h.update(f"\0{jar}:{jar.stat().st_size}".encode())
     return h.hexdigest()[:16]
 
 
