@@ -59,7 +59,15 @@ def java_options() -> str:
     path = archive_path()
     if path is None or not path.is_file():
         return ""
+    if not _plain(path):
+        return ""
     return f"-XX:SharedArchiveFile={path} {_QUIET}"
+
+
+def _plain(path: Path) -> bool:
+    """Whether ``path`` can stand in a JVM option string, which the JVM and Spark split on blanks: a
+    checkout under a folder with a blank or a quote in its name goes without the archive."""
+    return not any(c.isspace() or c in "'\"" for c in str(path))
 
 
 def _java() -> Path | None:
@@ -100,6 +108,10 @@ def build() -> Path | None:
     path = archive_path()
     if path is None or path.is_file():
         return path
+    if not _plain(path):
+        print(f"spark-trickle: no JVM class archive under {path.parent} (a blank or quote in the path)",
+              file=sys.stderr)
+        return None
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".cds.", dir=path.parent))
     try:

@@ -3,6 +3,7 @@ request, and never made twice."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,18 @@ def test_options_name_the_archive_only_when_it_is_there(monkeypatch: pytest.Monk
         assert jvm_cds.java_options() == ""
     monkeypatch.setenv("TRICKLE_CDS", "off")
     assert jvm_cds.java_options() == ""
+
+
+def test_a_path_with_a_blank_goes_without_the_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JVM option strings split on blanks: such a path would break the JVM's start, so it is left out."""
+    archive = tmp_path / "my checkout" / "x.jsa"
+    archive.parent.mkdir()
+    archive.write_bytes(b"not made")
+    monkeypatch.setattr(jvm_cds, "archive_path", lambda: archive)
+    assert jvm_cds.java_options() == ""
+    missing = tmp_path / "my checkout" / "y.jsa"
+    monkeypatch.setattr(jvm_cds, "archive_path", lambda: missing)
+    assert jvm_cds.build() is None and not missing.exists()  # nor made: no child JVM started
 
 
 def test_the_test_session_maps_the_archive_set_up_made(spark: Any) -> None:
