@@ -2,9 +2,9 @@
 verified once into an archive that every later JVM maps instead of loading them again.
 
 Why: a local session's JVM spends most of its start loading and verifying classes. Measured on the 2-core
-machine, idle, five alternated starts (docs/BENCHMARKS.md, session 71): the session itself 8.6-8.8 s
-without the archive, 5.3-6.5 s with it; its first Delta table created, written and read 13.8-15.7 s
-against 10.9-11.5 s. The test suite starts two such JVMs and dozens of short-lived ones (spark-submit,
+machine, idle, three alternated pairs (docs/BENCHMARKS.md, "Session 71"): a session and its first Delta work
+(CREATE, INSERT, a count) 26.9-30.7 s and 43-45 JVM CPU-seconds without the archive, 18.2-22.6 s and 30-33
+CPU-seconds with it. The test suite starts two such JVMs and dozens of short-lived ones (spark-submit,
 ``trickle`` commands, a second application).
 
 On-disk layout: ``<folder>/<key>.jsa``, where the folder is ``jars/cds`` of a source checkout, else
@@ -14,7 +14,7 @@ archive of its own; old ones are simply unused. The archive is made by the JVM i
 (``-XX:ArchiveClassesAtExit``) into a scratch name, then renamed into place, so a half-written archive never
 carries the final name.
 
-Made once by ``./dev setup`` (``python -m pipeline.jvm_cds``, ~40 s), used by :func:`pipeline.session.
+Made once by ``./dev setup`` (``python -m pipeline.jvm_cds``, 80-100 s there), used by :func:`pipeline.session.
 spark_session` whenever it is there. A JVM that finds the archive does not fit (another JDK build, say)
 loads its classes the usual way; the JVM's own CDS messages are turned off, so that costs nothing but the
 speed. ``TRICKLE_CDS=off`` leaves it out.

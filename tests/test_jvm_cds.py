@@ -37,7 +37,9 @@ def test_a_path_with_a_blank_goes_without_the_archive(tmp_path: Path, monkeypatc
 
 
 def test_the_test_session_maps_the_archive_set_up_made(spark: Any) -> None:
-    """``./dev test`` makes the archive at set-up; the session's JVM was started with it."""
+    """``./dev test`` makes the archive at set-up; the session's JVM was started with it and shares classes.
+    Whether the JVM took this archive or silently fell back to the JDK's own shows only in the start time
+    (docs/BENCHMARKS.md, "Session 71"), not here."""
     path = jvm_cds.archive_path()
     arguments = list(spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     if not jvm_cds.enabled():  # TRICKLE_CDS=off: the session starts without it
