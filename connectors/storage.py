@@ -225,7 +225,12 @@ class LocalStorage(Storage):
     def delete_tree(self, path: str) -> None:
         import shutil
 
-        shutil.rmtree(_local(path), ignore_errors=True)
+        # again when something is left: a file created in a folder while rmtree emptied it makes removing the
+        # folder fail, which ignore_errors hides (a streaming query writing its checkpoint as it stops)
+        for _ in range(3):
+            shutil.rmtree(_local(path), ignore_errors=True)
+            if not os.path.lexists(_local(path)):
+                return
 
 
 def write_new(path: str, data: Any, sync: bool = False) -> None:

@@ -71,12 +71,17 @@ def fresh_checkpoint(storage: Storage, checkpoint: str, followed: dict[str, str]
     checkpoint of other sources. Nothing is lost: the checkpoint only decides *when* to refresh, and the
     new query starts at the table's own frontier. The followed sources are noted beside the checkpoint (a
     checkpoint without that note, from before, is kept). Both go through the catalog's ``storage``, since the
-    checkpoint may be on an object store (``s3a://...``) that the OS cannot reach."""
+    checkpoint may be on an object store (``s3a://...``) that the OS cannot reach.
+
+    A checkpoint that planned no batch (no numbered file in ``offsets/``) is cleared too, whatever its note:
+    Spark refuses to start on one whose ``offsets/`` holds anything else ("should be empty on batch 0"), and
+    would refuse on every restart. A temporary file left there by a query stopped, or a tree deleted, in the
+    middle of a write was seen after an ALTER under load; such a checkpoint holds nothing to keep."""
     marker = f"{checkpoint}.follows.json"
     text = json.dumps(followed, sort_keys=True)
     before = storage.read_text(marker)
-    if before == text:
-        return
-    if before is not None:
+    planned = any(n.isdigit() for n in storage.list(f"{checkpoint}/offsets"))
+    if (before is not None and before != text) or not planned:
         storage.delete_tree(checkpoint)
-    storage.write_text(marker, text)
+    if before != text:
+        storage.write_text(marker, text)

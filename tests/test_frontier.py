@@ -97,6 +97,28 @@ def test_immediate_mode_follows_changes_and_resumes_after_restart(spark: Any, st
     assert "DIFFERENTIAL" in actions and "FULL" in actions
 
 
+def test_immediate_query_starts_over_a_checkpoint_that_planned_no_batch(
+        spark: Any, st: Any, make_source: Any) -> None:
+    """A checkpoint whose offsets folder holds files but no planned batch (a temporary file left by a query
+    stopped or deleted mid-write; seen after an ALTER under load) makes Spark refuse to start ("offsets should
+    be empty on batch 0"), on every restart. Such a checkpoint holds nothing: the query starts afresh."""
+    from pathlib import Path
+
+    src = make_source("views", "id INT, page STRING", rows=[(1, "a")])
+    query = f"SELECT page, COUNT(*) AS n FROM {src} GROUP BY page"
+    st.create_stream_table("views_per_page", query, refresh_mode="IMMEDIATE")
+    offsets = Path(st.catalog.checkpoint_path("views_per_page")) / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / ".0.5f1c.tmp").write_text("v1\n")
+    try:
+        q = st.start("views_per_page")
+        spark.sql(f"INSERT INTO {src} VALUES (2, 'a'), (3, 'b')")
+        _wait_for(lambda: not q.isActive or rows(st.read("views_per_page")) == rows(spark.sql(query)))
+        assert q.isActive, f"the query stopped: {q.exception()}"
+    finally:
+        st.stop("views_per_page")
+
+
 def test_truncate_forces_full_refresh_of_dependents(spark: Any, st: Any, make_source: Any) -> None:
     """A window holding a truncate (TRUNCATE TABLE, or DELETE without a condition) refreshes FULL with the
     reason; a conditional DELETE stays DIFFERENTIAL; a refresh that finds nothing is in the history."""
