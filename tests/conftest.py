@@ -39,7 +39,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     # Test tables hold tens of rows: one partition per shuffle and per snapshot means fewer tasks per job
     # (measured on a refresh loop: 3.0 s instead of 3.3 s per refresh).
     tiny = {"spark.sql.shuffle.partitions": "1", "spark.default.parallelism": "1",
-            "spark.databricks.delta.snapshotPartitions": "1"}
+            "spark.databricks.delta.snapshotPartitions": "1",
+            # each pyspark.sql.functions call first sends its Python call site to the JVM for error messages
+            # (five more py4j calls): the tests' failures show their own traces
+            "spark.python.sql.dataFrameDebugging.enabled": "false"}
     # Small deltas run on DuckDB (pipeline/local_engine.py) as in production, so every oracle checks that
     # engine; the modules that must exercise Spark's delta job, or compare both, set it themselves
     # (local_engine_mode below). TRICKLE_TEST_LOCAL_ENGINE=verify runs the whole suite with both engines
