@@ -22,7 +22,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import reduce
 from typing import Any
@@ -240,9 +240,11 @@ def _read_like_spark(log: DeltaLog, version: int) -> TableMeta | None:
     return None if meta is None or '"char(' in meta.schema_json.lower() else meta
 
 
-def driver_relation(session: Any, log: DeltaLog, version: int, max_bytes: int, max_rows: int) -> Any | None:
+def driver_relation(session: Any, log: DeltaLog, version: int, max_bytes: int, max_rows: int,
+                    columns: Sequence[str] | None = None) -> Any | None:
     """The snapshot of ``log``'s table at ``version`` read by delta-rs, as a Spark relation (see
-    :func:`_read_by_driver`)."""
+    :func:`_read_by_driver`); only ``columns`` (all when None), chosen in Arrow: a Spark ``select`` of them
+    costs two py4j calls a column."""
     meta = _read_like_spark(log, version)
     table = delta_rs.read_small(log.path, version, max_bytes, max_rows) if meta is not None else None
     if table is None or meta is None:
@@ -252,6 +254,10 @@ def driver_relation(session: Any, log: DeltaLog, version: int, max_bytes: int, m
     schema = StructType.fromJson(json.loads(meta.schema_json))
     if sorted(table.column_names) != sorted(schema.fieldNames()):
         return None
+    if columns is not None:
+        if not set(columns) <= set(schema.fieldNames()):
+            return None
+        schema = StructType([schema[c] for c in columns])
     try:
         return session.createDataFrame(table.select(schema.fieldNames()), schema=schema)
     except Exception:  # noqa: BLE001 - an optimisation only: a type Arrow hands over differently goes to Spark

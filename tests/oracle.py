@@ -785,10 +785,8 @@ def read_stream_table(spark: SparkSession, st: Any, name: str) -> DataFrame:
     d = st.catalog.get(name)
     log = DeltaLog(spark, d.path)
     version = log.latest_version()
-    df = driver_relation(spark, log, version, 64 << 20, 1_000_000) if version is not None else None
-    if df is None:
-        return st.read(name)
-    return df.select(*[f"`{c}`" for c in d.names])
+    df = driver_relation(spark, log, version, 64 << 20, 1_000_000, d.names) if version is not None else None
+    return st.read(name) if df is None else df
 
 
 def check_many(
