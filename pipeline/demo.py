@@ -222,15 +222,20 @@ def _print_status(st: StreamTables) -> None:
 
 
 def _same_rows(left: DataFrame, right: DataFrame) -> bool:
-    """Bag equality, compared as strings by column name so that type widening cannot hide a difference."""
-    from pyspark.sql import functions as F
+    """Bag equality, compared as strings by column name so that type widening cannot hide a difference. The
+    demo's tables are tiny: both sides are collected by one Spark job and counted here (two EXCEPT ALL jobs a
+    side, each a shuffle, cost seconds in the demo's fresh JVM)."""
+    from collections import Counter
 
     cols = sorted(right.columns)
     if sorted(left.columns) != cols:
         return False
-    a = left.select([F.col(f"`{c}`").cast("string").alias(c) for c in cols])
-    b = right.select([F.col(f"`{c}`").cast("string").alias(c) for c in cols])
-    return a.exceptAll(b).isEmpty() and b.exceptAll(a).isEmpty()
+    as_text = [f"CAST(`{c.replace('`', '``')}` AS STRING)" for c in cols]
+    rows = left.selectExpr("true AS `__left`", *as_text).unionAll(right.selectExpr("false", *as_text)).collect()
+    sides: dict[bool, Counter[tuple[Any, ...]]] = {True: Counter(), False: Counter()}
+    for r in rows:
+        sides[r[0]][tuple(r[1:])] += 1
+    return sides[True] == sides[False]
 
 
 # ---------------------------------------------------------------------------------------------- helpers
