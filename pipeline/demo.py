@@ -223,8 +223,8 @@ def _print_status(st: StreamTables) -> None:
 
 def _same_rows(left: DataFrame, right: DataFrame) -> bool:
     """Bag equality, compared as strings by column name so that type widening cannot hide a difference. The
-    demo's tables are tiny: both sides are collected by one Spark job and counted here (two EXCEPT ALL jobs a
-    side, each a shuffle, cost seconds in the demo's fresh JVM)."""
+    demo's tables are tiny: both sides are collected by one Spark job and counted here (an EXCEPT ALL job each
+    way, each with a shuffle, cost seconds in the demo's fresh JVM)."""
     from collections import Counter
 
     cols = sorted(right.columns)
