@@ -97,6 +97,16 @@ def _launcher_settings(candidates: Mapping[str, str]) -> list[str]:
     return [k for k in candidates if preset.contains(k)]
 
 
+def driver_java_options(*extra: str) -> str:
+    """The driver JVM's options of a local session: the small-machine defaults, the class archive the session
+    maps (see :mod:`pipeline.jvm_cds`), then ``extra``. For a caller that sets ``spark.driver.extraJavaOptions``
+    itself (a conf entry replaces the whole string) and wants to keep these."""
+    from pipeline import jvm_cds
+
+    return " ".join(filter(None, (SMALL_MACHINE_DEFAULTS["spark.driver.extraJavaOptions"], jvm_cds.java_options(),
+                                  *extra)))
+
+
 def spark_session(
     app_name: str = "spark-trickle",
     warehouse: str | os.PathLike[str] | None = None,
@@ -117,11 +127,7 @@ def spark_session(
 
     wh = location(warehouse or os.environ.get("TRICKLE_WAREHOUSE", "warehouse"))  # a URI stays as written
     settings["spark.sql.warehouse.dir"] = str(wh)
-    from pipeline import jvm_cds
-
-    cds = jvm_cds.java_options()  # the classes a session loads, from one archive (see pipeline/jvm_cds.py)
-    if cds:
-        settings["spark.driver.extraJavaOptions"] += f" {cds}"
+    settings["spark.driver.extraJavaOptions"] = driver_java_options()
     jars = [j for j in local_jars() if not Path(j).name.startswith(CLASSPATH_ONLY_JARS)]
     if jars:
         settings["spark.jars"] = ",".join(jars)

@@ -32,7 +32,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     # The tests' own queries (source changes, the oracle's recomputations) run over tiny tables, where
     # compiling generated code costs far more than it saves; refreshes decide this for themselves.
     from connectors.delta_sink import INTERPRETED
-    from pipeline.session import spark_session
+    from pipeline.session import driver_java_options, spark_session
 
     # TRICKLE_TEST_SPARK_CONF (a JSON object) adds or overrides settings, e.g. to try JVM options.
     extra = json.loads(os.environ.get("TRICKLE_TEST_SPARK_CONF", "{}"))
@@ -52,11 +52,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     # streaming driver keeps G1's): 6% less CPU on two oracle modules run as CI runs them (two workers,
     # 562 against 600 CPU-s; docs/BENCHMARKS.md, session 72). The option string replaces the session's,
     # so it carries the session's own options and class archive along.
-    from pipeline import jvm_cds
-    from pipeline.session import SMALL_MACHINE_DEFAULTS
-
-    java = " ".join(filter(None, (SMALL_MACHINE_DEFAULTS["spark.driver.extraJavaOptions"], jvm_cds.java_options(),
-                                  "-XX:+UseParallelGC")))
+    java = driver_java_options("-XX:+UseParallelGC")
     session = spark_session(app_name="trickle-tests", warehouse=str(warehouse),
                             conf={**INTERPRETED, **tiny, **verify, "spark.driver.extraJavaOptions": java, **extra})
     yield session
