@@ -609,7 +609,12 @@ def start(spark: Any, src: KafkaSource, checkpoint: str, trigger_seconds: float 
 def stream(spark: Any, topic: str, bootstrap_servers: str, starting_offsets: str, options: Mapping[str, str],
            apply: Callable[[Any, int], Any], query_name: str, checkpoint: str, trigger_seconds: float,
            after_batch: Callable[[], None] | None = None) -> Any:
-    """A ``foreachBatch`` query over one Kafka topic: ``apply(batch, batch_id)``, then ``after_batch()``."""
+    """A ``foreachBatch`` query over one Kafka topic: ``apply(batch, batch_id)``, then ``after_batch()``. A
+    checkpoint whose first batch was cut short before Spark planned it is made startable first
+    (:func:`connectors.storage.clear_unplanned_offsets`)."""
+    from connectors.storage import clear_unplanned_offsets, for_uri
+
+    clear_unplanned_offsets(for_uri(checkpoint, spark), checkpoint)
     reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
               .option("subscribe", topic).option("startingOffsets", starting_offsets))
     for k, v in {**client_timeouts(options), **options}.items():

@@ -503,3 +503,20 @@ def for_uri(uri: str | os.PathLike[str], spark: Any = None) -> Storage:
         if spark is None:
             raise RuntimeError(f"{uri} is on a Hadoop file system: start a Spark session configured for it first")
     return HadoopStorage(spark)
+
+
+def clear_unplanned_offsets(storage: Storage, checkpoint: str) -> list[str]:
+    """Delete what a streaming query's ``checkpoint/offsets`` holds while it holds no batch (no file named by a
+    number), and return the names deleted. Why: a process killed while Spark wrote ``offsets/0`` leaves
+    ``.0.<uuid>.tmp`` and its checksum there, and Spark 4.1 then refuses every start of the query on that
+    checkpoint ("STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY ... offsets should be empty on batch 0"): a Kafka
+    source stayed DOWN for good after a kill -9 (tests/test_crash.py). Only ``offsets/`` is touched: the rest
+    holds what batch 0 must still see, such as a Kafka source's initial offsets (``sources/0/0``, where a
+    ``latest`` query starts)."""
+    folder = join(checkpoint, "offsets")
+    names = [rel for rel, _, _ in storage.walk(folder) if "/" not in rel]
+    if not names or any(n.isdigit() for n in names):
+        return []
+    for n in names:
+        storage.delete(join(folder, n))
+    return names

@@ -12,6 +12,7 @@ micro-batch is applied twice on purpose: nothing may be lost or applied twice.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import random
 import time
@@ -27,12 +28,9 @@ COLUMNS = (("id", "BIGINT"), ("customer", "STRING"), ("amount", "DECIMAL(10,2)")
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from services.kafka import KafkaBroker
-
-    b = KafkaBroker(tmp_path_factory.mktemp("kafka")).start()
-    yield b
-    b.stop()
+def broker(kafka_broker: Any) -> Any:
+    """The test process's shared broker (tests/conftest.py): this module uses topics of its own."""
+    return kafka_broker
 
 
 def _decimal_b64(d: Decimal, scale: int = 2) -> str:
@@ -232,6 +230,39 @@ def test_debezium_kafka_to_mirror_to_immediate_stream_table(
     for needle in ("not valid JSON", "column 'amount'", "unknown op"):
         assert needle in errors, errors
     assert all(r["topic"] == topic and r["value"] is not None for r in dead)
+
+
+def test_mirror_starts_over_a_checkpoint_whose_first_batch_was_cut_short(
+    spark: Any, broker: Any, unique_name: Any, tmp_path: Path
+) -> None:
+    """A kill -9 while Spark wrote the first batch's offsets leaves ``offsets/.0.<uuid>.tmp`` and its checksum
+    (seen in tests/test_crash.py), and Spark then refuses every start of the ingestion query ("offsets should be
+    empty on batch 0"): the source stayed DOWN. The mirror's query must start over it, from the offsets its
+    first start recorded, and ingest every event."""
+    from kafka import KafkaProducer
+
+    from connectors import kafka_mirror
+    from connectors.debezium import SourceSchema
+
+    mirror = unique_name("cut_mirror")
+    topic = f"shop.public.{mirror}"
+    broker.create_topic(topic, partitions=1)
+    src = kafka_mirror.KafkaSource(mirror, topic, broker.bootstrap, SourceSchema(COLUMNS, ("id",)))
+    offsets = tmp_path / "ckpt" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / ".0.df31d9e4-97c5-4e03-9429-0aa6b05c5f4e.tmp").write_bytes(b"")
+    (offsets / "..0.df31d9e4-97c5-4e03-9429-0aa6b05c5f4e.tmp.crc").write_bytes(b"")
+    model = Model(seed=5, topic=topic)
+    model.snapshot(10)
+    model.round(5)
+    with contextlib.closing(KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")) as producer:
+        model.flush(producer)
+    ingest = kafka_mirror.start(spark, src, str(tmp_path / "ckpt"), trigger_seconds=0.2)
+    try:
+        _wait(ingest, "ingestion")
+        _check_mirror(spark, mirror, model, "after a start over a cut-short first batch")
+    finally:
+        ingest.stop()
 
 
 def test_replayed_micro_batch_is_applied_once(spark: Any, unique_name: Any, tmp_path: Path) -> None:

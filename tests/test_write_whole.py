@@ -98,3 +98,25 @@ def test_create_writes_a_new_name_and_writes_it_again(way: Path) -> None:
     store.create(target, '{"a": 2}')  # the same record again: replaced, not refused
     assert store.read_text(target) == '{"a": 2}'
     assert os.listdir(way) == ["1796-abc.json"]
+
+
+@pytest.mark.unit
+def test_unplanned_offsets_cleared_and_a_planned_checkpoint_kept(tmp_path: Path) -> None:
+    """``clear_unplanned_offsets``: the temporary files a first batch cut short left in ``offsets/`` go, the
+    rest of the checkpoint (a Kafka source's initial offsets) stays; a checkpoint with a planned batch, or
+    none at all, is not touched."""
+    local = storage.LocalStorage()
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "offsets").mkdir(parents=True)
+    (ckpt / "sources" / "0").mkdir(parents=True)
+    (ckpt / "sources" / "0" / "0").write_text("v1\n{}")
+    (ckpt / "offsets" / ".0.5f1c.tmp").write_bytes(b"")
+    (ckpt / "offsets" / "..0.5f1c.tmp.crc").write_bytes(b"")
+    assert sorted(storage.clear_unplanned_offsets(local, str(ckpt))) == ["..0.5f1c.tmp.crc", ".0.5f1c.tmp"]
+    assert list((ckpt / "offsets").iterdir()) == [] and (ckpt / "sources" / "0" / "0").is_file()
+
+    (ckpt / "offsets" / "0").write_text("v1\n")
+    (ckpt / "offsets" / ".1.77aa.tmp").write_bytes(b"")  # a later batch cut short: Spark's own to handle
+    assert storage.clear_unplanned_offsets(local, str(ckpt)) == []
+    assert sorted(p.name for p in (ckpt / "offsets").iterdir()) == [".1.77aa.tmp", "0"]
+    assert storage.clear_unplanned_offsets(local, str(tmp_path / "none")) == []
