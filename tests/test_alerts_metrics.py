@@ -108,12 +108,9 @@ def test_alerts_fire_once_per_transition_and_a_dead_webhook_stops_nothing(hook: 
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from services.kafka import KafkaBroker
-
-    b = KafkaBroker(tmp_path_factory.mktemp("kafka")).start()
-    yield b
-    b.stop()
+def broker(kafka_broker: Any) -> Any:
+    """The test process's shared broker (tests/conftest.py): this module uses topics of its own."""
+    return kafka_broker
 
 
 def _flat_event(i: int) -> tuple[bytes, bytes]:

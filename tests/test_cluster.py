@@ -102,12 +102,9 @@ def test_demo_through_spark_submit_on_a_cluster(shipped: dict[str, Any], tmp_pat
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from services.kafka import KafkaBroker
-
-    b = KafkaBroker(tmp_path_factory.mktemp("kafka")).start()
-    yield b
-    b.stop()
+def broker(kafka_broker: Any) -> Any:
+    """The test process's shared broker (tests/conftest.py): this module uses topics of its own."""
+    return kafka_broker
 
 
 QUERY = "SELECT customer, SUM(amount) AS total, COUNT(*) AS n FROM orders WHERE qty IS NOT NULL GROUP BY customer"

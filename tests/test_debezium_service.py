@@ -118,13 +118,9 @@ def _summary(events: list[ChangeEvent | None]) -> list[tuple[str, Any, Any] | No
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    """One broker for the module: each test uses its own topic prefix."""
-    b = KafkaBroker(tmp_path_factory.mktemp("kafka"))
-    try:
-        yield b.start()
-    finally:
-        b.stop()
+def broker(kafka_broker: KafkaBroker) -> KafkaBroker:
+    """The test process's shared broker (tests/conftest.py): each test uses its own topic prefix."""
+    return kafka_broker
 
 
 @pytest.fixture
