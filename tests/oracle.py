@@ -562,9 +562,11 @@ class ChangeGenerator:
             self._update(src, rid, tuple(row), batches[ex.table], touched[ex.table])
 
     #: every how-manyth version of a source Spark's MERGE commits (the others: delta-rs). Spark's MERGE takes
-    #: about a second of the test JVM, most of an oracle cycle's changes; one in five still gives each source
-    #: of a 20-cycle run three or four commits of Spark's own, its change feed as Spark writes it.
-    SPARK_EVERY = 5
+    #: 1.2-1.5 s of the test JVM (it first rebuilds the snapshot delta-rs' commits left without a checksum), a
+    #: fifth of the setops oracle's time at one in five; one in eight still gives each source of a 20-cycle run
+    #: two commits of Spark's own (versions 8 and 16), its change feed as Spark writes it, and every other test
+    #: changes its sources with Spark's own INSERT, UPDATE, DELETE and MERGE.
+    SPARK_EVERY = 8
 
     def _by_delta_rs(self, src: _Source) -> bool:
         """Whether the next commit of ``src`` may be delta-rs's: not a keyless table of arrays (its MERGE
