@@ -48,6 +48,7 @@ from typing import Any
 from connectors import debezium_schema
 from connectors.debezium import DecodeError, SourceSchema, decode
 from connectors.delta_sink import release_checkpoint
+from connectors.storage import clear_unplanned_offsets, for_uri
 from dvm import quote
 
 #: Delta session settings that make the next write idempotent (skipped if this app id already committed
@@ -612,8 +613,6 @@ def stream(spark: Any, topic: str, bootstrap_servers: str, starting_offsets: str
     """A ``foreachBatch`` query over one Kafka topic: ``apply(batch, batch_id)``, then ``after_batch()``. A
     checkpoint whose first batch was cut short before Spark planned it is made startable first
     (:func:`connectors.storage.clear_unplanned_offsets`)."""
-    from connectors.storage import clear_unplanned_offsets, for_uri
-
     clear_unplanned_offsets(for_uri(checkpoint, spark), checkpoint)
     reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap_servers)
               .option("subscribe", topic).option("startingOffsets", starting_offsets))

@@ -13,6 +13,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from connectors.delta_log import DeltaLog
+from connectors.storage import clear_unplanned_offsets
 from pipeline.errors import CatalogError
 
 if TYPE_CHECKING:
@@ -73,15 +74,16 @@ def fresh_checkpoint(storage: Storage, checkpoint: str, followed: dict[str, str]
     checkpoint without that note, from before, is kept). Both go through the catalog's ``storage``, since the
     checkpoint may be on an object store (``s3a://...``) that the OS cannot reach.
 
-    A checkpoint that planned no batch (no numbered file in ``offsets/``) is cleared too, whatever its note:
-    Spark refuses to start on one whose ``offsets/`` holds anything else ("should be empty on batch 0"), and
-    would refuse on every restart. A temporary file left there by a query stopped, or a tree deleted, in the
-    middle of a write was seen after an ALTER under load; such a checkpoint holds nothing to keep."""
+    A checkpoint kept whose ``offsets/`` holds files but no planned batch (a temporary file left by a query
+    stopped, or a tree deleted, in the middle of a write; seen after an ALTER under load) is made startable
+    as a Kafka query's is (:func:`connectors.storage.clear_unplanned_offsets`): Spark refuses to start on it
+    ("should be empty on batch 0"), and would refuse on every restart."""
     marker = f"{checkpoint}.follows.json"
     text = json.dumps(followed, sort_keys=True)
     before = storage.read_text(marker)
-    planned = any(n.isdigit() for n in storage.list(f"{checkpoint}/offsets"))
-    if (before is not None and before != text) or not planned:
+    if before is not None and before != text:
         storage.delete_tree(checkpoint)
+    else:
+        clear_unplanned_offsets(storage, checkpoint)
     if before != text:
         storage.write_text(marker, text)

@@ -60,12 +60,12 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One Kafka broker per test process (each xdist worker), started on first use and shared by the modules
     that only create, produce to and consume their own topics. Why shared: a broker start is two JVMs
     (storage format, server), about 9 s and 13 CPU-seconds on the 2-core machine, and seven modules started
     one each. Modules that stop, restart or lose their broker (tests/test_kafka_service.py,
-    tests/test_kafka_unreachable.py) start their own."""
+    tests/test_kafka_unreachable.py) start their own, under other names."""
     from services.kafka import KafkaBroker
 
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka")).start()

@@ -107,12 +107,6 @@ def test_alerts_fire_once_per_transition_and_a_dead_webhook_stops_nothing(hook: 
 # ------------------------------------------------------------------------------------------ with Spark
 
 
-@pytest.fixture(scope="module")
-def broker(kafka_broker: Any) -> Any:
-    """The test process's shared broker (tests/conftest.py): this module uses topics of its own."""
-    return kafka_broker
-
-
 def _flat_event(i: int) -> tuple[bytes, bytes]:
     value = {"id": i, "customer": f"c{i % 2}", "__op": "c", "__lsn": 1000 + i, "__source_ts_ms": 1_700_000_000_000,
              "__deleted": "false"}

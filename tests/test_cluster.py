@@ -101,12 +101,6 @@ def test_demo_through_spark_submit_on_a_cluster(shipped: dict[str, Any], tmp_pat
                     ("Operations", 1, Decimal("100000.00"))}
 
 
-@pytest.fixture(scope="module")
-def broker(kafka_broker: Any) -> Any:
-    """The test process's shared broker (tests/conftest.py): this module uses topics of its own."""
-    return kafka_broker
-
-
 QUERY = "SELECT customer, SUM(amount) AS total, COUNT(*) AS n FROM orders WHERE qty IS NOT NULL GROUP BY customer"
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from cluster_env import short_lived_jvm, submit_jars
 from oracle import assert_matches, compare_rows, format_diff
-from test_kafka_e2e import COLUMNS, Model, broker  # noqa: F401 - the module-scoped broker fixture
+from test_kafka_e2e import COLUMNS, Model
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +84,7 @@ runtime:
     return conf
 
 
-def _run_crash_test(spark: Any, broker: Any, unique_name: Any, tmp_path: Path, kills: int, seed: int) -> None:  # noqa: F811
+def _run_crash_test(spark: Any, broker: Any, unique_name: Any, tmp_path: Path, kills: int, seed: int) -> None:
     from kafka import KafkaProducer
 
     from pipeline import StreamTables

@@ -117,12 +117,6 @@ def _summary(events: list[ChangeEvent | None]) -> list[tuple[str, Any, Any] | No
     return [None if e is None else (e.op, e.key, e.row) for e in events]
 
 
-@pytest.fixture(scope="module")
-def broker(kafka_broker: KafkaBroker) -> KafkaBroker:
-    """The test process's shared broker (tests/conftest.py): each test uses its own topic prefix."""
-    return kafka_broker
-
-
 @pytest.fixture
 def pg(tmp_path: Path) -> Iterator[PostgresServer]:
     server = PostgresServer(tmp_path / "pg", database="shop")

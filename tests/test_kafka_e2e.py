@@ -27,12 +27,6 @@ from oracle import assert_matches, compare_rows, format_diff
 COLUMNS = (("id", "BIGINT"), ("customer", "STRING"), ("amount", "DECIMAL(10,2)"), ("qty", "INT"))
 
 
-@pytest.fixture(scope="module")
-def broker(kafka_broker: Any) -> Any:
-    """The test process's shared broker (tests/conftest.py): this module uses topics of its own."""
-    return kafka_broker
-
-
 def _decimal_b64(d: Decimal, scale: int = 2) -> str:
     unscaled = int(d.scaleb(scale))
     n = max(1, (unscaled.bit_length() + 8) // 8)

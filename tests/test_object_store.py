@@ -367,12 +367,6 @@ def test_catalog_views_over_the_catalog_files(spark: Any, st: Any, make_source: 
     assert spark.sql(f"SELECT count(*) FROM trickle_history WHERE name = '{name}'").collect()[0][0] == 1
 
 
-@pytest.fixture(scope="module")
-def broker(kafka_broker: Any) -> Any:
-    """The test process's shared broker (tests/conftest.py): this module uses topics of its own."""
-    return kafka_broker
-
-
 def _s3_database(spark: Any, unique_name: Any, prefix: str) -> str:
     """A database whose tables are created in the bucket: a Kafka source's mirror and dead-letter table are
     managed tables, created where their database lives (as with ``warehouse: s3a://...`` in a conf file)."""

@@ -42,9 +42,10 @@ def _check_all(spark: Any, st: Any, tables: dict[str, str], when: str) -> None:
 
     parts = []
     for name, expected_sql in tables.items():
-        listed = ", ".join(f"`{c}`" for c in st.catalog.get(name).names)
+        d = st.catalog.get(name)
+        listed = ", ".join(f"`{c}`" for c in d.names)
         parts += [_json_rows(spark.sql(expected_sql), f"e:{name}"),
-                  _json_rows(spark.sql(f"SELECT {listed} FROM delta.`{st.catalog.get(name).path}`"), f"s:{name}")]
+                  _json_rows(spark.sql(f"SELECT {listed} FROM delta.`{d.path}`"), f"s:{name}")]
     read: dict[str, Counter[Row]] = {}
     for r in reduce(lambda a, b: a.unionAll(b), parts).collect():
         read.setdefault(r["tag"], Counter())[_decode(r["j"])] += 1

@@ -29,13 +29,13 @@ from services.postgres import PostgresServer
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory: pytest.TempPathFactory,
-             kafka_broker: KafkaBroker) -> Iterator[tuple[PostgresServer, KafkaBroker]]:
+             broker: KafkaBroker) -> Iterator[tuple[PostgresServer, KafkaBroker]]:
     """PostgreSQL for the module, and the test process's shared broker (tests/conftest.py): each test's
     Debezium topic prefix and tables are its own."""
     root = tmp_path_factory.mktemp("pg_e2e")
     pg = PostgresServer(root / "pg").start()
     try:
-        yield pg, kafka_broker
+        yield pg, broker
     finally:
         pg.stop()
         pg.destroy()
