@@ -302,6 +302,21 @@ def create(spark: Any, df: Any, path: str) -> bool:
     return True
 
 
+def create_owned(spark: Any, name: str, definition: str) -> None:
+    """``CREATE TABLE IF NOT EXISTS <name> <definition>`` for a managed table that only this job creates (a
+    Kafka mirror, its dead-letter table, a transaction table). A creation a kill cut short is cleared first
+    (:func:`connectors.storage.clear_interrupted_create`): Delta would refuse this CREATE at that location for
+    good."""
+    from connectors.storage import clear_interrupted_create, for_uri
+
+    if not spark.catalog.tableExists(name):
+        state = spark._jsparkSession.sessionState()
+        where = str(state.catalog().defaultTablePath(state.sqlParser().parseTableIdentifier(name)).toString())
+        if clear_interrupted_create(for_uri(where, spark), where):
+            _log.warning("%s: deleted %s, the Delta log of a creation cut short (it held no commit)", name, where)
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {name} {definition}")
+
+
 def nullable(schema: Any) -> Any:
     """``schema`` with every field, element and map value nullable, as Delta stores a DataFrame written into it.
     Why: a query's schema marks ``COUNT(*)`` and the like NOT NULL, and a table created with them keeps them

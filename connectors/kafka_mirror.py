@@ -47,7 +47,7 @@ from typing import Any
 
 from connectors import debezium_schema
 from connectors.debezium import DecodeError, SourceSchema, decode
-from connectors.delta_sink import release_checkpoint
+from connectors.delta_sink import create_owned, release_checkpoint
 from connectors.storage import clear_unplanned_offsets, for_uri
 from dvm import quote
 
@@ -134,9 +134,8 @@ def create_tables(spark: Any, src: KafkaSource) -> None:
     """The mirror (CDF on, as every stream table source needs) and its dead-letter table, if missing."""
     cols = ", ".join(f"{quote(c)} {t}" for c, t in src.schema.columns)
     key = f", '{KEY_PROPERTY}' = '{','.join(src.schema.key)}'" if src.evolve else ""
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {src.name} ({cols}) USING delta "
-              f"TBLPROPERTIES (delta.enableChangeDataFeed = true{key})")
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {src.dead_letter_table} ({DEAD_LETTER_DDL}) USING delta")
+    create_owned(spark, src.name, f"({cols}) USING delta TBLPROPERTIES (delta.enableChangeDataFeed = true{key})")
+    create_owned(spark, src.dead_letter_table, f"({DEAD_LETTER_DDL}) USING delta")
     _mark_transactional(spark, src)
 
 

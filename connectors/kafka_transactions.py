@@ -28,6 +28,7 @@ from typing import Any
 
 from connectors.debezium import DecodeError, decode_transaction_end
 from connectors.delta_log import TRICKLE_KEY
+from connectors.delta_sink import create_owned
 from connectors.kafka_mirror import DEAD_LETTER_DDL, _app_id, _location, stream
 from connectors.storage import is_local
 
@@ -53,8 +54,8 @@ class TransactionTopic:
 
 
 def create_tables(spark: Any, tx: TransactionTopic) -> None:
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {tx.name} ({DDL}) USING delta")
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {tx.dead_letter_table} ({DEAD_LETTER_DDL}) USING delta")
+    create_owned(spark, tx.name, f"({DDL}) USING delta")
+    create_owned(spark, tx.dead_letter_table, f"({DEAD_LETTER_DDL}) USING delta")
 
 
 def decode_ends(records: Mapping[str, list[Any]]) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:

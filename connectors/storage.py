@@ -37,12 +37,13 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 __all__ = ["Uri", "Storage", "LocalStorage", "HadoopStorage", "local_path", "strip_file_scheme", "is_local",
-           "location", "join", "for_uri", "Exists", "write_new", "write_whole", "read_local"]
+           "location", "join", "for_uri", "Exists", "write_new", "write_whole", "read_local",
+           "clear_interrupted_create", "clear_unplanned_offsets"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: stores where one PUT replaces an object atomically and rename is a copy: files are written in place
@@ -520,3 +521,31 @@ def clear_unplanned_offsets(storage: Storage, checkpoint: str) -> list[str]:
     for n in names:
         storage.delete(join(folder, n))
     return names
+
+
+#: a Delta log entry that makes a folder a table: a commit (``00000000000000000000.json``) or a checkpoint
+_LOG_ENTRY = re.compile(r"^\d{20}\.(json|checkpoint(\.\d+\.\d+)?(\.[0-9a-f-]+)?\.parquet)$")
+
+
+def _holds_commit(log_names: Iterable[str]) -> bool:
+    """Whether a ``_delta_log`` listing (file names) holds a commit or a checkpoint, i.e. names a Delta table
+    at some version. Temporary files, checksums and ``_staged_commits`` of a first commit that never landed
+    do not."""
+    return any(_LOG_ENTRY.match(n) for n in log_names)
+
+
+def clear_interrupted_create(storage: Storage, folder: str) -> bool:
+    """Delete ``folder`` when all it holds is the ``_delta_log`` of a table whose first commit never landed;
+    True when it did. Why: a process killed inside ``CREATE TABLE`` leaves ``_delta_log/`` (empty,
+    or with the commit's temporary file), and Delta then refuses every later ``CREATE TABLE`` there
+    ("DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION") and every registration of it by name
+    ("DELTA_CREATE_EXTERNAL_TABLE_WITHOUT_TXN_LOG"): a Kafka mirror stayed uncreatable for good after a
+    kill -9 (tests/test_crash.py). Nothing committed is lost: without a commit no reader sees any row. A folder
+    holding anything outside ``_delta_log`` (data a user put there) is left alone, and Delta's error stands."""
+    if not storage.exists(folder) or not storage.exists(join(folder, "_delta_log")):
+        return False
+    files = [rel for rel, _, _ in storage.walk(folder)]
+    if any(not f.startswith("_delta_log/") for f in files) or _holds_commit(f.rsplit("/", 1)[-1] for f in files):
+        return False
+    storage.delete_tree(folder)
+    return True

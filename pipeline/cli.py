@@ -381,10 +381,23 @@ def register_warehouse_tables(spark: SparkSession, warehouse: Path) -> list[str]
             continue
         if spark.catalog.tableExists(name):
             continue
-        location = folder.resolve().as_posix().replace("\\", "\\\\").replace("'", "\\'")
-        spark.sql(f"CREATE TABLE IF NOT EXISTS `{name}` USING delta LOCATION '{location}'")
-        registered.append(name)
+        if _register(spark, name, folder.resolve().as_posix()):
+            registered.append(name)
     return registered
+
+
+def _register(spark: SparkSession, name: str, location: str) -> bool:
+    """Name the Delta table at ``location``; False for a folder whose first commit never landed (a kill inside
+    ``CREATE TABLE``): it is no table yet, Delta refuses to name it, and whoever creates it clears it
+    (:func:`connectors.delta_sink.create_owned`)."""
+    quoted = location.replace("\\", "\\\\").replace("'", "\\'")
+    try:
+        spark.sql(f"CREATE TABLE IF NOT EXISTS `{name}` USING delta LOCATION '{quoted}'")
+    except Exception as e:  # noqa: BLE001 - only this one refusal is expected; anything else is raised
+        if "DELTA_CREATE_EXTERNAL_TABLE_WITHOUT_TXN_LOG" not in str(e):
+            raise
+        return False
+    return True
 
 
 def _register_store_tables(spark: SparkSession, warehouse: str) -> list[str]:
@@ -404,8 +417,8 @@ def _register_store_tables(spark: SparkSession, warehouse: str) -> list[str]:
             continue
         if not fs.exists(jvm.org.apache.hadoop.fs.Path(status.getPath(), "_delta_log")) or spark.catalog.tableExists(name):
             continue
-        spark.sql(f"CREATE TABLE IF NOT EXISTS `{name}` USING delta LOCATION '{status.getPath().toString()}'")
-        registered.append(name)
+        if _register(spark, name, str(status.getPath().toString())):
+            registered.append(name)
     return registered
 
 

@@ -120,3 +120,33 @@ def test_unplanned_offsets_cleared_and_a_planned_checkpoint_kept(tmp_path: Path)
     assert storage.clear_unplanned_offsets(local, str(ckpt)) == []
     assert sorted(p.name for p in (ckpt / "offsets").iterdir()) == [".1.77aa.tmp", "0"]
     assert storage.clear_unplanned_offsets(local, str(tmp_path / "none")) == []
+
+
+@pytest.mark.unit
+def test_an_interrupted_table_creation_is_cleared_and_anything_else_kept(tmp_path: Path) -> None:
+    """``clear_interrupted_create``: a folder holding only the ``_delta_log`` of a first commit that never
+    landed (empty, or its temporary file) goes; a table with a commit or a checkpoint, a folder with anything
+    outside ``_delta_log``, or no folder at all, stays."""
+    local = storage.LocalStorage()
+    empty = tmp_path / "empty"
+    (empty / "_delta_log").mkdir(parents=True)
+    assert storage.clear_interrupted_create(local, str(empty)) and not empty.exists()
+    cut = tmp_path / "cut"
+    (cut / "_delta_log" / "_staged_commits").mkdir(parents=True)
+    (cut / "_delta_log" / ".00000000000000000000.json.5f1c.tmp").write_bytes(b"{}")
+    assert storage.clear_interrupted_create(local, str(cut)) and not cut.exists()
+
+    for name, entry in (("committed", "00000000000000000000.json"),
+                        ("checkpointed", "00000000000000000010.checkpoint.parquet")):
+        kept = tmp_path / name
+        (kept / "_delta_log").mkdir(parents=True)
+        (kept / "_delta_log" / entry).write_bytes(b"{}")
+        assert not storage.clear_interrupted_create(local, str(kept)) and (kept / "_delta_log" / entry).is_file()
+    data = tmp_path / "data"
+    (data / "_delta_log").mkdir(parents=True)
+    (data / "part-0000.parquet").write_bytes(b"PAR1")
+    assert not storage.clear_interrupted_create(local, str(data)) and (data / "part-0000.parquet").is_file()
+    plain = tmp_path / "plain"  # a folder with no Delta log at all: not Delta's, not ours
+    plain.mkdir()
+    assert not storage.clear_interrupted_create(local, str(plain)) and plain.is_dir()
+    assert not storage.clear_interrupted_create(local, str(tmp_path / "none"))
