@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 __all__ = ["Uri", "Storage", "LocalStorage", "HadoopStorage", "local_path", "strip_file_scheme", "is_local",
            "location", "join", "for_uri", "Exists", "write_new", "write_whole", "read_local",
-           "clear_interrupted_create", "clear_unplanned_offsets"]
+           "clear_interrupted_create", "clear_unplanned_offsets", "uncommitted_batch"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: stores where one PUT replaces an object atomically and rename is a copy: files are written in place
@@ -549,3 +549,17 @@ def clear_interrupted_create(storage: Storage, folder: str) -> bool:
         return False
     storage.delete_tree(folder)
     return True
+
+
+def uncommitted_batch(storage: Storage, checkpoint: str) -> int | None:
+    """The micro-batch a streaming query's checkpoint planned (``offsets/<n>``) but never committed
+    (no ``commits/<n>``): the batch Spark re-runs, with the same offsets, when the query starts. None when
+    every planned batch committed, or nothing was planned."""
+    def numbered(folder: str) -> set[int]:
+        return {int(rel) for rel, _, _ in storage.walk(join(checkpoint, folder)) if rel.isdigit()}
+
+    planned = numbered("offsets")
+    if not planned:
+        return None
+    last = max(planned)
+    return None if last in numbered("commits") else last

@@ -499,9 +499,8 @@ class Runtime:
 
         Safe because both kinds are exactly-once from their checkpoints: ingestion re-applies a batch
         with the same Delta transaction id (skipped), an IMMEDIATE refresh finds its versions applied.
-        One known cause besides broker or storage outages: Spark 4.1.1's Kafka source throws a
-        NullPointerException while reporting progress of the first batch after a crash (SPARK-55271,
-        fixed upstream after 4.1.1), after that batch committed; the restarted query continues."""
+        Spark 4.1's Kafka source failing the first batch after a stop inside a batch (SPARK-55271) no
+        longer reaches here: :func:`connectors.kafka_mirror.stream` re-runs that batch alone first."""
         from connectors import kafka_mirror, kafka_transactions
 
         rt = self.conf.runtime

@@ -150,3 +150,23 @@ def test_an_interrupted_table_creation_is_cleared_and_anything_else_kept(tmp_pat
     plain.mkdir()
     assert not storage.clear_interrupted_create(local, str(plain)) and plain.is_dir()
     assert not storage.clear_interrupted_create(local, str(tmp_path / "none"))
+
+
+@pytest.mark.unit
+def test_the_batch_planned_and_not_committed_is_found(tmp_path: Path) -> None:
+    """``uncommitted_batch``: the last planned batch when ``commits/`` lacks it; None when every planned batch
+    committed or nothing was planned (temporary files are not batches)."""
+    local = storage.LocalStorage()
+    ckpt = tmp_path / "ckpt"
+    assert storage.uncommitted_batch(local, str(ckpt)) is None
+    (ckpt / "offsets").mkdir(parents=True)
+    (ckpt / "commits").mkdir()
+    (ckpt / "offsets" / ".0.5f1c.tmp").write_bytes(b"")
+    assert storage.uncommitted_batch(local, str(ckpt)) is None
+    for n in (0, 1, 2):
+        (ckpt / "offsets" / str(n)).write_text("v1\n")
+    for n in (0, 1):
+        (ckpt / "commits" / str(n)).write_text("v1\n")
+    assert storage.uncommitted_batch(local, str(ckpt)) == 2
+    (ckpt / "commits" / "2").write_text("v1\n")
+    assert storage.uncommitted_batch(local, str(ckpt)) is None
