@@ -499,8 +499,9 @@ class Runtime:
 
         Safe because both kinds are exactly-once from their checkpoints: ingestion re-applies a batch
         with the same Delta transaction id (skipped), an IMMEDIATE refresh finds its versions applied.
-        Spark 4.1's Kafka source failing the first batch after a stop inside a batch (SPARK-55271) no
-        longer reaches here: :func:`connectors.kafka_mirror.stream` re-runs that batch alone first."""
+        Spark 4.1's Kafka source failing the first batch after a stop inside a batch (SPARK-55271) is
+        mostly kept from here: :func:`connectors.kafka_mirror.stream` re-runs that batch alone first. When
+        that re-run fails too it only logs a warning, and this restart is the fallback."""
         from connectors import kafka_mirror, kafka_transactions
 
         rt = self.conf.runtime

@@ -762,7 +762,7 @@ def format_diff(
     )
 
 
-def _json_rows(df: DataFrame, tag: str) -> DataFrame:
+def json_rows(df: DataFrame, tag: str) -> DataFrame:
     """Rows as JSON strings so any schemas can be unioned and collected in one Spark job. One ``selectExpr``
     (one py4j call): each ``pyspark.sql.functions`` call costs about six, as PySpark notes its Python call site
     for error messages first (``_with_origin``), which made this 6% of an aggregate oracle's time."""
@@ -771,7 +771,8 @@ def _json_rows(df: DataFrame, tag: str) -> DataFrame:
                          f"to_json(struct({columns}), map('ignoreNullFields', 'false')) AS j")
 
 
-def _decode(j: str) -> Row:
+def decode_row(j: str) -> Row:
+    """A row from :func:`json_rows`'s JSON, its values in column order (pairs kept, so duplicate names survive)."""
     return tuple(v for _, v in json.loads(j, object_pairs_hook=list))
 
 
@@ -817,7 +818,7 @@ def check_many(
                 f"stream table {name!r}: columns {a_cols} of st.read() differ from the query's {e_cols}"
             )
             continue
-        parts += [_json_rows(actual_df, f"a:{name}"), _json_rows(expected_df, f"e:{name}")]
+        parts += [json_rows(actual_df, f"a:{name}"), json_rows(expected_df, f"e:{name}")]
     if not parts:
         return failures
     try:
@@ -834,7 +835,7 @@ def check_many(
         return failures
     rows: dict[str, list[Row]] = {}
     for r in collected:
-        rows.setdefault(r["tag"], []).append(_decode(r["j"]))
+        rows.setdefault(r["tag"], []).append(decode_row(r["j"]))
     for name in meta:
         if name in failures:
             continue

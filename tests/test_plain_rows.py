@@ -38,17 +38,17 @@ def _check_all(spark: Any, st: Any, tables: dict[str, str], when: str) -> None:
     Spark sides of all tables come in one Spark job (two jobs a table before: most of a check's time)."""
     from functools import reduce
 
-    from oracle import _decode, _json_rows
+    from oracle import decode_row, json_rows
 
     parts = []
     for name, expected_sql in tables.items():
         d = st.catalog.get(name)
         listed = ", ".join(f"`{c}`" for c in d.names)
-        parts += [_json_rows(spark.sql(expected_sql), f"e:{name}"),
-                  _json_rows(spark.sql(f"SELECT {listed} FROM delta.`{d.path}`"), f"s:{name}")]
+        parts += [json_rows(spark.sql(expected_sql), f"e:{name}"),
+                  json_rows(spark.sql(f"SELECT {listed} FROM delta.`{d.path}`"), f"s:{name}")]
     read: dict[str, Counter[Row]] = {}
     for r in reduce(lambda a, b: a.unionAll(b), parts).collect():
-        read.setdefault(r["tag"], Counter())[_decode(r["j"])] += 1
+        read.setdefault(r["tag"], Counter())[decode_row(r["j"])] += 1
     for name in tables:
         _check_read(st, name, read.get(f"e:{name}", Counter()), read.get(f"s:{name}", Counter()), when)
 
