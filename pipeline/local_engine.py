@@ -80,7 +80,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from connectors import change_files, delta_rs, vector_reads
+from connectors import change_files, deletion_vectors, delta_rs, vector_reads
 from connectors.delta_log import DeltaLog
 from connectors.storage import local_path
 from dvm import PREV, Context, Fixpoint, key_filter
@@ -123,6 +123,15 @@ def mode(conf: Any) -> str:
     if value not in ("auto", "off", "verify"):
         raise RefreshError(f"{MODE} must be auto, off or verify, not {value!r}")
     return value
+
+
+def _file_bytes(log: DeltaLog, version: int) -> int | None:
+    """Bytes of the table's data files at ``version`` when it has no checksum file: from the log this process
+    replays (:func:`connectors.deletion_vectors.live_bytes`), else from delta-rs; None when neither can tell."""
+    try:
+        return deletion_vectors.live_bytes(log, version)
+    except (deletion_vectors.Unusable, KeyError, TypeError, ValueError):  # a commit gone, an add without size
+        return delta_rs.table_bytes(log.path, version)
 
 
 # --- Spark's xxhash64 --------------------------------------------------------------------------------------
@@ -1293,9 +1302,10 @@ class LocalEngine:
     def snapshot(self, path: str, version: int) -> str:
         def make() -> Any:
             self._readable(path, version)
-            size = DeltaLog(self.spark, path).table_size(version)
+            log = DeltaLog(self.spark, path)
+            size = log.table_size(version)
             if size is None:
-                size = delta_rs.table_bytes(path, version)
+                size = _file_bytes(log, version)
             if size is None:
                 raise Unsupported(f"the size of {path} at version {version} is unknown", lasting=False)
             self.bytes += size

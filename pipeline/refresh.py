@@ -848,16 +848,16 @@ class Refresher:
             return local
         small = None if check_output else self._small_full(d, read_version)
         with fixpoints.evaluated(self.spark, ctx):
-            if small is None:
+            rows = collected_full(fixpoints.reader(self.spark, ctx).sql(sql)) if small is not None else None
+            if rows is None:
                 record["apply"] = strategy.Choice("OVERWRITE", "spark",
                                                   "the query's whole result replaces the table").describe()
                 self.before_commit(d.name)
                 return delta_sink.overwrite(self.spark, fixpoints.reader(self.spark, ctx).sql(sql), d.path, record,
                                             read_version)
-            rows = fixpoints.reader(self.spark, ctx).sql(sql).toArrow()
         assert read_version is not None
-        record["apply"] = strategy.Choice("OVERWRITE", "delta-rs", f"the table held {small} rows; the result's "
-                                          f"{rows.num_rows} rows were collected and replace it").describe()
+        record["apply"] = strategy.Choice("OVERWRITE", "delta-rs", f"{small}; the result's {rows.num_rows} rows "
+                                          "were collected and replace it").describe()
         return self._overwrite_by_delta_rs(d, rows.select(self._stored_order(d, read_version, rows.column_names)),
                                            record, read_version)
 
@@ -935,17 +935,23 @@ class Refresher:
             raise delta_sink.CommitLost(f"the overwrite of {d.path} committed nothing")
         return counts
 
-    def _small_full(self, d: StreamTableDef, read_version: int | None) -> int | None:
-        """The rows the table holds when a FULL refresh may collect its result and commit it with delta-rs
-        (the table exists, held at most ``trickle.apply.fullCollectRowsBelow`` rows, and delta-rs may write
-        it); None otherwise."""
+    def _small_full(self, d: StreamTableDef, read_version: int | None) -> str | None:
+        """Why a FULL refresh may collect its result and commit it with delta-rs: the table exists, delta-rs may
+        write it, and it held at most ``trickle.apply.fullCollectRowsBelow`` rows or its files at most
+        ``trickle.apply.fullCollectBytesBelow`` bytes (:func:`pipeline.strategy.collect_full`); None otherwise."""
         limits = strategy.Limits.from_conf(self.conf)
         if read_version is None or not limits.delta_rs or limits.full_collect_rows <= 0:
             return None
-        if delta_rs.unusable(d.path, DeltaLog(self.spark, d.path).protocol(read_version)) is not None:
+        log = DeltaLog(self.spark, d.path)
+        if delta_rs.unusable(d.path, log.protocol(read_version)) is not None:
             return None
-        rows = self._stored_rows(d, read_version)
-        return rows if rows is not None and rows <= limits.full_collect_rows else None
+        size = None
+        if local_path(d.path) is not None:
+            try:
+                size = deletion_vectors.live_bytes(log, read_version)
+            except (deletion_vectors.Unusable, KeyError, TypeError, ValueError):
+                size = None
+        return strategy.collect_full(self._stored_rows(d, read_version), size, limits)
 
     def _stored_rows(self, d: StreamTableDef, version: int) -> int | None:
         """Rows of the stream table at ``version`` (None when unknown): from the log this process replays
@@ -1115,6 +1121,18 @@ class _Committed:
     version: int | None
     frontier: dict[str, int] | None
     meta: dict[str, Any] | None
+
+
+def collected_full(df: Any) -> Any | None:
+    """A FULL's result collected to the driver as Arrow; None when it outgrew ``spark.driver.maxResultSize``
+    (the table it replaces was small, its new result is not: Spark writes it instead)."""
+    try:
+        return df.toArrow()
+    except Exception as e:  # noqa: BLE001 - only the driver's result limit; anything else is the query's
+        if "maxResultSize" not in str(e):
+            raise
+        _log.warning("a FULL result outgrew spark.driver.maxResultSize; written by Spark instead")
+        return None
 
 
 def _is_write_conflict(e: BaseException) -> bool:

@@ -72,6 +72,16 @@ OWN_MERGE_ROWS = "trickle.apply.ownMergeRowsBelow"
 #: Spark conf: a FULL refresh of a table that held at most this many rows collects its result to the driver
 #: and commits it with delta-rs (a small aggregate recomputed over a large source).
 FULL_COLLECT_ROWS = "trickle.apply.fullCollectRowsBelow"
+#: Spark conf: ... and so does one of a table whose data files totalled at most this many bytes, whatever its
+#: rows. Why: Spark's Delta writer costs a fixed second or so and writes a row a field at a time, while the
+#: collected rows cost about twice as much per row to hand over and write but no fixed part; they break even
+#: near 3M rows of the benchmark's scan table (about 35 MB of files). At 1M rows a plain-rows table's FULL
+#: refresh took 0.79 s collected against 1.70 s through Spark's writer and 1.28 s for the user's CTAS of the
+#: same query (scan; join 1.20 / 2.08 / 1.53 s; at 10M rows collected 5.5-7.5 s against 5.0-5.6 s): figures
+#: in docs/BENCHMARKS.md, session 78. Bytes, not rows, bound what the driver holds: a wide row weighs more.
+#: A result much larger than the table it replaces is refused by ``spark.driver.maxResultSize`` and written
+#: by Spark instead. 0: by rows only.
+FULL_COLLECT_BYTES = "trickle.apply.fullCollectBytesBelow"
 
 NONE, APPEND, MERGE, SPARK_MERGE = "NONE", "APPEND", "MERGE", "SPARK_MERGE"
 
@@ -86,6 +96,7 @@ class Limits:
     vectors_above_rows: int = 50_000
     hash_index_bytes: int = 1 << 30
     own_merge_rows: int = 100_000
+    full_collect_bytes: int = 32 << 20
 
     @classmethod
     def from_conf(cls, conf: Any) -> Limits:
@@ -98,7 +109,8 @@ class Limits:
                    int(conf.get(DV_ABOVE_ROWS, str(d.dv_above_rows))),
                    int(conf.get(VECTORS_ABOVE_ROWS, str(d.vectors_above_rows))),
                    int(conf.get(HASH_INDEX_BYTES, str(d.hash_index_bytes))),
-                   int(conf.get(OWN_MERGE_ROWS, str(d.own_merge_rows))))
+                   int(conf.get(OWN_MERGE_ROWS, str(d.own_merge_rows))),
+                   int(conf.get(FULL_COLLECT_BYTES, str(d.full_collect_bytes))))
 
 
 @dataclass(frozen=True)
@@ -109,6 +121,16 @@ class Choice:
 
     def describe(self) -> str:
         return f"{self.strategy} ({self.engine}): {self.reason}" if self.engine else f"{self.strategy}: {self.reason}"
+
+
+def collect_full(rows: int | None, size: int | None, limits: Limits) -> str | None:
+    """Why a FULL refresh may collect its result and commit it with delta-rs, given what the table held (its
+    rows and its files' bytes, None when unknown); None when Spark writes it."""
+    if rows is not None and rows <= limits.full_collect_rows:
+        return f"the table held {rows} rows"
+    if size is not None and 0 < limits.full_collect_bytes and size <= limits.full_collect_bytes:
+        return f"the table's files held {size} bytes (at most {FULL_COLLECT_BYTES}={limits.full_collect_bytes})"
+    return None
 
 
 def collect_first(change_bytes: int, limits: Limits) -> bool:

@@ -132,6 +132,34 @@ def _bag_tables_hold_the_query_rows(
         _check_all(spark, st, tables, f"after {when}")
 
 
+def test_a_full_refresh_of_a_table_of_few_bytes_is_collected_and_written_by_delta_rs(
+    spark: Any, st: Any, make_source: Callable[..., str], unique_name: Callable[[str], str]
+) -> None:
+    """A FULL refresh of a table whose files held at most ``trickle.apply.fullCollectBytesBelow`` bytes collects
+    its result and delta-rs replaces the table, though it held more than ``fullCollectRowsBelow`` rows (Spark's
+    writer costs a fixed second); with the bytes limit off, Spark writes it. Duplicates stay copies either way."""
+    from pipeline import strategy
+    from pipeline.local_engine import MAX_FULL_BYTES
+    from tests.oracle import session_conf
+
+    src = make_source("fc_src", "id INT, k INT, v STRING", rows=[(i, i % 7, f"s{i % 3}") for i in range(300)])
+    name, query = unique_name("fc_full"), f"SELECT k, v FROM {src}"
+    with session_conf(spark, {MAX_FULL_BYTES: "0", strategy.FULL_COLLECT_ROWS: "10"}):  # not DuckDB, not by rows
+        st.create_stream_table(name, query, refresh_mode="FULL")
+        spark.sql(f"INSERT INTO {src} VALUES (900, 1, 's1'), (901, NULL, NULL), (902, NULL, NULL)")
+        spark.sql(f"DELETE FROM {src} WHERE id < 20")
+        st.refresh_stream_table(name)
+        applied = st.history(name, 1)[0]["apply"]
+        assert applied.startswith("OVERWRITE (delta-rs)") and "bytes" in applied, applied
+        _check(spark, st, name, query, "after a collected FULL")
+        spark.sql(f"UPDATE {src} SET v = 'z' WHERE id BETWEEN 20 AND 40")
+        with session_conf(spark, {strategy.FULL_COLLECT_BYTES: "0"}):
+            st.refresh_stream_table(name)
+        applied = st.history(name, 1)[0]["apply"]
+        assert applied.startswith("OVERWRITE (spark)"), applied
+        _check(spark, st, name, query, "after Spark's FULL")
+
+
 def test_float_identities_meet_recomputed_sums_and_keep_values_apart(spark: Any) -> None:
     """Both forms of ``dvm.context.FLOAT_IDENTITIES`` evaluated by Spark: sums of the same terms in another
     order get one identity, values that differ in their 11th digit keep two, and the edge values (NaN,

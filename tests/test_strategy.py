@@ -253,3 +253,36 @@ def test_auto_measures_full_again_when_one_warm_full_decides_a_close_call() -> N
     assert action == "FULL" and "measured again once in" in reason
     assert strategy.auto(0.01, model)[0] == "DIFFERENTIAL"  # expected at the floor: FULL cannot win
     assert strategy.auto(0.08, model.learn("FULL", None, 0.70))[0] == "DIFFERENTIAL"
+
+
+def test_a_full_result_is_collected_when_the_table_held_few_rows_or_few_bytes() -> None:
+    limits = Limits(full_collect_rows=100, full_collect_bytes=1_000)
+    assert "held 100 rows" in (strategy.collect_full(100, 10**9, limits) or "")  # few rows, whatever the bytes
+    assert "1000 bytes" in (strategy.collect_full(5_000, 1_000, limits) or "")  # many narrow rows
+    assert strategy.collect_full(5_000, 1_001, limits) is None
+    assert strategy.collect_full(None, None, limits) is None  # unknown: Spark writes it
+    assert strategy.collect_full(5_000, 10, Limits(full_collect_rows=100, full_collect_bytes=0)) is None  # off
+    assert Limits.from_conf({strategy.FULL_COLLECT_BYTES: "7"}).full_collect_bytes == 7
+    assert Limits().full_collect_bytes == 32 << 20
+
+
+def test_a_collected_full_result_past_the_drivers_limit_is_left_to_spark() -> None:
+    """What Spark raises when a collected result outgrows ``spark.driver.maxResultSize`` sends the FULL back to
+    Spark's writer (the table it replaces was small, its new result is not); any other error is the query's."""
+    from pipeline.refresh import collected_full
+
+    class Result:  # a DataFrame's toArrow as the driver ends it
+        def __init__(self, error: Exception | None) -> None:
+            self.error = error
+
+        def toArrow(self) -> str:  # noqa: N802 - PySpark's name
+            if self.error is not None:
+                raise self.error
+            return "rows"
+
+    assert collected_full(Result(None)) == "rows"
+    too_big = RuntimeError("Job aborted: Total size of serialized results of 3 tasks (1100.0 MiB) is bigger than "
+                           "spark.driver.maxResultSize (1024.0 MiB)")
+    assert collected_full(Result(too_big)) is None
+    with pytest.raises(ValueError, match="DIVIDE_BY_ZERO"):
+        collected_full(Result(ValueError("[DIVIDE_BY_ZERO] Division by zero")))
