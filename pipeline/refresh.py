@@ -48,6 +48,7 @@ from connectors import (
     delta_sink,
     log_checkpoints,
     own_commit,
+    own_overwrite,
 )
 from connectors.delta_log import DeltaLog, SourceWindow
 from connectors.storage import local_path
@@ -855,11 +856,14 @@ class Refresher:
                 self.before_commit(d.name)
                 return delta_sink.overwrite(self.spark, fixpoints.reader(self.spark, ctx).sql(sql), d.path, record,
                                             read_version)
-        assert read_version is not None
-        record["apply"] = strategy.Choice("OVERWRITE", "delta-rs", f"{small}; the result's {rows.num_rows} rows "
-                                          "were collected and replace it").describe()
-        return self._overwrite_by_delta_rs(d, rows.select(self._stored_order(d, read_version, rows.column_names)),
-                                           record, read_version)
+        assert read_version is not None and small is not None
+        engine, why = small
+        record["apply"] = strategy.Choice("OVERWRITE", engine, f"{why}; the result's {rows.num_rows} rows were "
+                                          "collected and replace it").describe()
+        rows = rows.select(self._stored_order(d, read_version, rows.column_names))
+        if engine == "delta-rs":
+            return self._overwrite_by_delta_rs(d, rows, record, read_version)
+        return self._overwrite_by_own_commit(d, rows, record, read_version)
 
     def _local_full(self, d: StreamTableDef, ctx: Context, sql: str, record: dict[str, Any],
                     read_version: int | None) -> dict[str, int] | None:
@@ -935,23 +939,47 @@ class Refresher:
             raise delta_sink.CommitLost(f"the overwrite of {d.path} committed nothing")
         return counts
 
-    def _small_full(self, d: StreamTableDef, read_version: int | None) -> str | None:
-        """Why a FULL refresh may collect its result and commit it with delta-rs: the table exists, delta-rs may
-        write it, and it held at most ``trickle.apply.fullCollectRowsBelow`` rows or its files at most
-        ``trickle.apply.fullCollectBytesBelow`` bytes (:func:`pipeline.strategy.collect_full`); None otherwise."""
+    def _overwrite_by_own_commit(self, d: StreamTableDef, rows: Any, record: dict[str, Any],
+                                 read_version: int) -> dict[str, int]:
+        """Replace the table's rows with ``rows`` (in its column order) in one checked commit of spark-trickle's
+        own (:mod:`connectors.own_overwrite`: a table delta-rs does not write, deletion vectors on)."""
+        log = DeltaLog(self.spark, d.path)
+        meta = log.metadata(read_version)
+        if meta is None:
+            raise delta_sink.CommitLost(f"the metadata of {d.path} at version {read_version} is gone")
+        self.before_commit(d.name)
+        try:
+            counts = own_overwrite.overwrite(log, rows.cast(deletion_vectors.arrow_schema(meta)), record,
+                                             read_version, delta_sink.txn_version(read_version), delta_sink.TXN_APP_ID)
+        except delta_rs.CommitFailed as e:
+            raise delta_sink.CommitLost(f"the overwrite of {d.path} lost its version: {e}") from e
+        if delta_sink.committed_version(self.spark, d.path, record, read_version) is None:
+            raise delta_sink.CommitLost(f"the overwrite of {d.path} committed nothing")
+        return counts
+
+    def _small_full(self, d: StreamTableDef, read_version: int | None) -> tuple[str, str] | None:
+        """The engine (delta-rs, else spark-trickle's own commit) and the reason when a FULL refresh may collect
+        its result and commit it without Spark: the table exists, the engine may write it, and it held at most
+        ``trickle.apply.fullCollectRowsBelow`` rows or its files at most ``trickle.apply.fullCollectBytesBelow``
+        bytes (:func:`pipeline.strategy.collect_full`); None otherwise."""
         limits = strategy.Limits.from_conf(self.conf)
         if read_version is None or not limits.delta_rs or limits.full_collect_rows <= 0:
             return None
         log = DeltaLog(self.spark, d.path)
-        if delta_rs.unusable(d.path, log.protocol(read_version)) is not None:
-            return None
+        protocol = log.protocol(read_version)
+        engine = "delta-rs"
+        if delta_rs.unusable(d.path, protocol) is not None:
+            if self._own_unusable(d, protocol, read_version) is not None:
+                return None
+            engine = "own"
         size = None
         if local_path(d.path) is not None:
             try:
                 size = deletion_vectors.live_bytes(log, read_version)
             except (deletion_vectors.Unusable, KeyError, TypeError, ValueError):
                 size = None
-        return strategy.collect_full(self._stored_rows(d, read_version), size, limits)
+        why = strategy.collect_full(self._stored_rows(d, read_version), size, limits)
+        return None if why is None else (engine, why)
 
     def _stored_rows(self, d: StreamTableDef, version: int) -> int | None:
         """Rows of the stream table at ``version`` (None when unknown): from the log this process replays

@@ -160,6 +160,54 @@ def test_a_full_refresh_of_a_table_of_few_bytes_is_collected_and_written_by_delt
         _check(spark, st, name, query, "after Spark's FULL")
 
 
+def test_a_collected_full_replaces_a_table_with_deletion_vectors_by_the_own_commit(
+    spark: Any, st: Any, make_source: Callable[..., str], unique_name: Callable[[str], str]
+) -> None:
+    """A plain-rows table gets deletion vectors when a refresh marks deleted copies; delta-rs writes no such
+    table, so a FULL refresh's collected result replaces it by spark-trickle's own commit (OVERWRITE (own)).
+    Every reader sees the query's rows after it, the downstream table that reads its change feed (the live rows
+    of the removed files, vectors applied, as deletions) stays equal to its query, and a later refresh marks
+    deleted copies in the new file."""
+    from pipeline import strategy
+    from pipeline.local_engine import MAX_FULL_BYTES
+    from tests.oracle import session_conf
+
+    src = make_source("fo_src", "id INT, k INT, v STRING", rows=[(i, i % 5, f"s{i % 2}") for i in range(200)])
+    name, down = unique_name("fo_st"), unique_name("fo_down")
+    query, down_body = f"SELECT k, v FROM {src}", "SELECT k, count(*) AS n FROM {t} WHERE v = 's1' GROUP BY k"
+    tables = {name: query}
+    with session_conf(spark, {MAX_FULL_BYTES: "0", strategy.FULL_COLLECT_ROWS: "10",
+                              strategy.VECTORS_ABOVE_ROWS: "0"}):
+        st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL")
+        st.create_stream_table(down, down_body.format(t=name), refresh_mode="DIFFERENTIAL")
+
+        def down_matches(when: str) -> None:
+            got = spark.table(down).select("k", "n").exceptAll(spark.sql(down_body.format(t=f"({query})")))
+            back = spark.sql(down_body.format(t=f"({query})")).exceptAll(spark.table(down).select("k", "n"))
+            assert got.count() == 0 and back.count() == 0, when
+
+        spark.sql(f"DELETE FROM {src} WHERE id < 30")
+        assert st.refresh_stream_table(name).action == "DIFFERENTIAL"
+        assert (st.history(name, 1)[0]["apply"] or "").startswith("MERGE (vectors)"), st.history(name, 1)
+        st.refresh_stream_table(down)
+        spark.sql(f"INSERT INTO {src} VALUES (500, 1, 's1'), (501, 1, 's1'), (502, NULL, NULL)")
+        spark.sql(f"UPDATE {src} SET v = 's1' WHERE id BETWEEN 40 AND 60")
+        st.alter_stream_table(name, refresh_mode="FULL")
+        st.refresh_stream_table(name)
+        applied = st.history(name, 1)[0]["apply"]
+        assert applied.startswith("OVERWRITE (own)") and "bytes" in applied, applied
+        _check_all(spark, st, tables, "after the own overwrite")
+        assert st.refresh_stream_table(down).action == "DIFFERENTIAL"  # from the overwrite's change feed
+        down_matches("after the upstream's own overwrite")
+        st.alter_stream_table(name, refresh_mode="DIFFERENTIAL")
+        spark.sql(f"DELETE FROM {src} WHERE k = 2 OR id = 501")
+        st.refresh_stream_table(name)
+        assert (st.history(name, 1)[0]["apply"] or "").startswith("MERGE (vectors)"), st.history(name, 1)
+        _check_all(spark, st, tables, "after marking copies in the overwritten table")
+        assert st.refresh_stream_table(down).action == "DIFFERENTIAL"
+        down_matches("after the upstream marked copies again")
+
+
 def test_float_identities_meet_recomputed_sums_and_keep_values_apart(spark: Any) -> None:
     """Both forms of ``dvm.context.FLOAT_IDENTITIES`` evaluated by Spark: sums of the same terms in another
     order get one identity, values that differ in their 11th digit keep two, and the edge values (NaN,
