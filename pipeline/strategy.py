@@ -13,7 +13,9 @@ then, and the choice and its reason go into the refresh history and ``explain``:
 Each runs on an *engine*: ``delta-rs`` (the ``deltalake`` package, tens of milliseconds per commit; used
 when the delta was collected to the driver and the table's features and store allow it, see
 :func:`connectors.delta_rs.unusable`), ``vectors`` (a plain-rows table's deleted copies marked in deletion
-vectors by spark-trickle's own commit, :mod:`connectors.deletion_vectors`, see :func:`marks`), ``spark-dv``
+vectors by spark-trickle's own commit, :mod:`connectors.deletion_vectors`, see :func:`marks`), ``own`` (a
+small keyed table's MERGE, :mod:`connectors.small_merge`, or a FULL's collected result replacing a table
+delta-rs does not write, :mod:`connectors.own_overwrite`; see :func:`collect_full`), ``spark-dv``
 (Spark's MERGE with deletion vectors) or ``spark`` (several jobs and about a second per commit, but any
 table and any store). The delta is collected to the driver, in the same job that computes it, when the
 change feeds it reads are small (``trickle.apply.collectBelowBytes``); a collected delta larger than
