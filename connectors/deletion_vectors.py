@@ -321,12 +321,16 @@ def live_rows(log: DeltaLog, version: int) -> int | None:
     return total
 
 
-def live_bytes(log: DeltaLog, version: int) -> int:
-    """Bytes of the table's live data files at ``version`` (each ``add``'s ``size``). Why from the log: a table
-    whose latest commit came from delta-rs or spark-trickle's own commit has no checksum file to read its size
-    from, and asking delta-rs cost every small refresh reading its stream table 3-4.5 ms of 30-60 ms
-    (docs/BENCHMARKS.md, session 78), while the refresh has replayed the log to that version already."""
-    return sum(int(add["size"]) for add in live_files(log, version).values())
+def live_bytes(log: DeltaLog, version: int) -> int | None:
+    """Bytes of the table's live data files at ``version`` (each ``add``'s ``size``); None when the log cannot
+    tell (a commit gone, an ``add`` without a size). Why from the log: a table whose latest commit came from
+    delta-rs or spark-trickle's own commit has no checksum file to read its size from, and asking delta-rs cost
+    every small refresh reading its stream table 3-4.5 ms of 30-60 ms (docs/BENCHMARKS.md, session 78), while
+    the refresh has replayed the log to that version already."""
+    try:
+        return sum(int(add["size"]) for add in live_files(log, version).values())
+    except (Unusable, KeyError, TypeError, ValueError):
+        return None
 
 
 def _identity(action: dict[str, Any]) -> str:

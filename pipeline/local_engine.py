@@ -128,10 +128,8 @@ def mode(conf: Any) -> str:
 def _file_bytes(log: DeltaLog, version: int) -> int | None:
     """Bytes of the table's data files at ``version`` when it has no checksum file: from the log this process
     replays (:func:`connectors.deletion_vectors.live_bytes`), else from delta-rs; None when neither can tell."""
-    try:
-        return deletion_vectors.live_bytes(log, version)
-    except (deletion_vectors.Unusable, KeyError, TypeError, ValueError):  # a commit gone, an add without size
-        return delta_rs.table_bytes(log.path, version)
+    size = deletion_vectors.live_bytes(log, version)
+    return size if size is not None else delta_rs.table_bytes(log.path, version)
 
 
 # --- Spark's xxhash64 --------------------------------------------------------------------------------------

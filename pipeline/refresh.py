@@ -972,12 +972,7 @@ class Refresher:
             if self._own_unusable(d, protocol, read_version) is not None:
                 return None
             engine = "own"
-        size = None
-        if local_path(d.path) is not None:
-            try:
-                size = deletion_vectors.live_bytes(log, read_version)
-            except (deletion_vectors.Unusable, KeyError, TypeError, ValueError):
-                size = None
+        size = deletion_vectors.live_bytes(log, read_version) if local_path(d.path) is not None else None
         why = strategy.collect_full(self._stored_rows(d, read_version), size, limits)
         return None if why is None else (engine, why)
 

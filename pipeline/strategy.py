@@ -126,7 +126,8 @@ class Choice:
 
 
 def collect_full(rows: int | None, size: int | None, limits: Limits) -> str | None:
-    """Why a FULL refresh may collect its result and commit it with delta-rs, given what the table held (its
+    """Why a FULL refresh may collect its result and commit it without Spark's writer (delta-rs, or the own
+    commit for a table delta-rs does not write), given what the table held (its
     rows and its files' bytes, None when unknown); None when Spark writes it."""
     if rows is not None and rows <= limits.full_collect_rows:
         return f"the table held {rows} rows"
