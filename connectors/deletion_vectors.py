@@ -517,10 +517,11 @@ def _loose(stats: str | None) -> str | None:
 
 def commit(path: str, read_version: int, files: dict[str, dict[str, Any]], schema: pa.Schema,
            inserts: pa.Table, deleted: pa.Table, record: dict[str, Any], txn_version: int,
-           app_id: str) -> dict[str, int]:
+           app_id: str, configuration: dict[str, str] | None = None) -> dict[str, int]:
     """Commit ``inserts`` (the table's columns) and the deletion of ``deleted`` (``__file``, ``__position`` and
     the table's columns: the rows :func:`locate` found, with their values) as version ``read_version + 1``.
-    ``files``: :func:`live_files` at ``read_version``; ``schema``: the table's Arrow schema."""
+    ``files``: :func:`live_files` at ``read_version``; ``schema``: the table's Arrow schema; ``configuration``:
+    its properties (the Parquet layout of the written files)."""
     root = local_path(path)
     assert root is not None
     now = own_commit.now_ms()
@@ -528,7 +529,7 @@ def commit(path: str, read_version: int, files: dict[str, dict[str, Any]], schem
     stored = {"insert": inserts.select(names).cast(schema), "delete": deleted.select(names).cast(schema)}
     actions: list[dict[str, Any]] = []
     if inserts.num_rows:
-        add, rel, size = own_commit.add_action(root, stored["insert"], now)
+        add, rel, size = own_commit.add_action(root, stored["insert"], now, configuration)
         actions.append(add)
         if ROW_HASH in names and ROW_ID in names and hash_index.INDEXES.fits(inserts.num_rows):
             # the new file's index from the rows in hand: the next refresh finds its copies without reading it
@@ -537,7 +538,7 @@ def commit(path: str, read_version: int, files: dict[str, dict[str, Any]], schem
     actions += _mark(root, files, deleted, now)
     if deleted.num_rows:
         actions.append(own_commit.cdc_action(root, pa.concat_tables(
-            [own_commit.with_change_type(rows, kind) for kind, rows in stored.items()])))
+            [own_commit.with_change_type(rows, kind) for kind, rows in stored.items()]), configuration))
     metrics = {"numTargetRowsInserted": inserts.num_rows, "numTargetRowsUpdated": 0,
                "numTargetRowsDeleted": deleted.num_rows,
                "numTargetDeletionVectorsAdded": sum(1 for a in actions if "add" in a and a["add"].get("deletionVector"))}

@@ -632,19 +632,30 @@ def writer_properties(configuration: dict[str, str]) -> Any:
     return _writer_properties(tuple(sorted((k, v) for k, v in configuration.items() if k.startswith("parquet."))))
 
 
+def parquet_layout(configuration: dict[str, str]) -> tuple[frozenset[str], frozenset[str]]:
+    """The Parquet layout a stream table's properties ask of every writer, as far as delta-rs and Arrow follow
+    it: the columns written without a dictionary (``parquet.enable.dictionary#<column>`` = false), and those
+    delta bit-packed (``__row_id`` among them when ``parquet.writer.version`` is ``v2``: a counter within a FULL
+    refresh packs into a few bits; both write it in v1 pages, in which the encoding is just as valid). Shared
+    by delta-rs' writes here and spark-trickle's own (:func:`connectors.own_commit.write_parquet`), so that
+    files of every writer are alike."""
+    prefix = "parquet.enable.dictionary#"
+    plain = frozenset(k[len(prefix):] for k, v in configuration.items()
+                      if k.startswith(prefix) and v.lower() == "false")
+    v2 = configuration.get("parquet.writer.version", "").lower() == "v2"
+    return plain, frozenset({"__row_id"} & plain if v2 else ())
+
+
 @functools.lru_cache(maxsize=64)
 def _writer_properties(props: tuple[tuple[str, str], ...]) -> Any:
     from deltalake import ColumnProperties, WriterProperties
 
-    conf = dict(props)
-    prefix = "parquet.enable.dictionary#"
-    columns: dict[str, dict[str, Any]] = {k[len(prefix):]: {"dictionary_enabled": False}
-                                          for k, v in conf.items() if k.startswith(prefix) and v.lower() == "false"}
-    if conf.get("parquet.writer.version", "").lower() == "v2" and "__row_id" in columns:
-        columns["__row_id"]["encoding"] = "DELTA_BINARY_PACKED"
-    if not columns:
+    plain, packed = parquet_layout(dict(props))
+    if not plain:
         return None
-    return WriterProperties(column_properties={c: ColumnProperties(**kw) for c, kw in columns.items()})
+    return WriterProperties(column_properties={
+        c: ColumnProperties(dictionary_enabled=False, **({"encoding": "DELTA_BINARY_PACKED"} if c in packed else {}))
+        for c in sorted(plain)})
 
 
 def append(path: str, rows: Any, record: dict[str, Any], read_version: int, txn_version: int,

@@ -197,7 +197,7 @@ def _merged_here(spark: Any, path: str, rows: Any, update: bool, record: dict[st
             raise deletion_vectors.Unusable("the table's metadata is unknown")
         return small_merge.merge(path, read_version, deletion_vectors.live_files(log, read_version),
                                  deletion_vectors.arrow_schema(meta), rows, update, record,
-                                 txn_version(read_version), TXN_APP_ID)
+                                 txn_version(read_version), TXN_APP_ID, meta.configuration)
     except deletion_vectors.Unusable as e:
         record["apply"] = applied(f"MERGE (delta-rs): the own merge cannot write this change ({e})", record)
         return None

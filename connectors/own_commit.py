@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from connectors.delta_log import TRICKLE_KEY
-from connectors.delta_rs import CommitFailed
+from connectors.delta_rs import CommitFailed, parquet_layout
 from connectors.storage import local_path, write_new, write_whole
 
 ENGINE = "spark-trickle"
@@ -128,19 +128,38 @@ def file_stats(table: pa.Table) -> str:
 LEAN_BELOW_ROWS = 10_000
 
 
-def write_parquet(root: str, folder: str, prefix: str, table: pa.Table) -> tuple[str, int]:
+def write_parquet(root: str, folder: str, prefix: str, table: pa.Table,
+                  configuration: dict[str, str] | None = None) -> tuple[str, int]:
     """Write ``table`` as a new uniquely named file under ``root``/``folder``: its path relative to the root
-    (as the log names it) and its size."""
+    (as the log names it) and its size. A file of at least :data:`LEAN_BELOW_ROWS` rows follows the Parquet
+    layout of the table's properties (``configuration``), as Spark's writer and delta-rs' do. Why: with
+    Arrow's defaults (a dictionary for every column, ``__row_id`` plain) a FULL's 1.5M rows of the scan
+    benchmark took 39 MiB against 26 MiB, and crossed :data:`pipeline.strategy.FULL_COLLECT_BYTES`, so the
+    next FULL of that table went back to Spark's writer (docs/BENCHMARKS.md, session 78)."""
     rel = f"{folder}{prefix}-{uuid.uuid4()}.c000.snappy.parquet"
     full = os.path.join(root, rel)
     # encoded in memory, then written by the OS: Arrow's own file output cost a small file about half of its
     # write (0.1 of 0.23 ms)
     sink = pa.BufferOutputStream()
     lean = table.num_rows < LEAN_BELOW_ROWS
-    pq.write_table(table, sink, compression="snappy", write_statistics=not lean, use_dictionary=not lean)
+    options = {"use_dictionary": False} if lean else _layout_options(table.column_names, configuration or {})
+    pq.write_table(table, sink, compression="snappy", write_statistics=not lean, **options)
     data = sink.getvalue()
     write_new(full, data, sync=syncing())
     return rel, data.size
+
+
+def _layout_options(columns: list[str], configuration: dict[str, str]) -> dict[str, Any]:
+    """``pyarrow.parquet.write_table``'s options for the layout the table's properties ask
+    (:func:`connectors.delta_rs.parquet_layout`): a dictionary only for the columns not listed without one,
+    the delta-packed columns so encoded (in v1 pages, as delta-rs writes them)."""
+    plain, packed = parquet_layout(configuration)
+    options: dict[str, Any] = {"use_dictionary": True}
+    if plain & set(columns):
+        options["use_dictionary"] = [c for c in columns if c not in plain]
+        if packed & set(columns):
+            options["column_encoding"] = {c: "DELTA_BINARY_PACKED" for c in columns if c in packed}
+    return options
 
 
 #: rows of the data files written here, by absolute path, newest last (see :func:`written_rows`), with their
@@ -194,17 +213,19 @@ def forget_written(full_paths: list[str]) -> None:
                 _written_bytes -= old[1]
 
 
-def add_action(root: str, table: pa.Table, now: int) -> tuple[dict[str, Any], str, int]:
-    """A new data file holding ``table``, and its ``add`` action (with its path and size)."""
-    rel, size = write_parquet(root, "", "part-00000", table)
+def add_action(root: str, table: pa.Table, now: int,
+               configuration: dict[str, str] | None = None) -> tuple[dict[str, Any], str, int]:
+    """A new data file holding ``table``, and its ``add`` action (with its path and size). ``configuration``:
+    the table's properties, whose Parquet layout the file follows (:func:`write_parquet`)."""
+    rel, size = write_parquet(root, "", "part-00000", table, configuration)
     _remember_written(os.path.join(root, rel), table)
     return ({"add": {"path": rel, "partitionValues": {}, "size": size, "modificationTime": now,
                      "dataChange": True, "stats": file_stats(table)}}, rel, size)
 
 
-def cdc_action(root: str, changes: pa.Table) -> dict[str, Any]:
+def cdc_action(root: str, changes: pa.Table, configuration: dict[str, str] | None = None) -> dict[str, Any]:
     """A change-data file holding ``changes`` (the table's columns, then ``_change_type``) and its action."""
-    rel, size = write_parquet(root, "_change_data/", "cdc-00000", changes)
+    rel, size = write_parquet(root, "_change_data/", "cdc-00000", changes, configuration)
     return {"cdc": {"path": rel, "partitionValues": {}, "size": size, "dataChange": False}}
 
 

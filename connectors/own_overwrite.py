@@ -38,7 +38,9 @@ def overwrite(log: DeltaLog, rows: pa.Table, record: dict[str, Any], read_versio
     before = deletion_vectors.live_rows(log, read_version)
     now = own_commit.now_ms()
     removes = [{"remove": _removed(add, now)} for add in files.values()]
-    added = [own_commit.add_action(root, rows, now)[0]] if rows.num_rows else []
+    meta = log.metadata(read_version)
+    added = ([own_commit.add_action(root, rows, now, meta.configuration if meta else None)[0]]
+             if rows.num_rows else [])
     own_commit.commit(root, read_version, [*removes, *added], "WRITE", {"mode": "Overwrite", "partitionBy": "[]"},
                       {"numFiles": len(added), "numOutputRows": rows.num_rows, "numRemovedFiles": len(removes)},
                       record, txn_version, app_id, "overwrite")

@@ -34,7 +34,8 @@ ROW_ID, DEL = "__row_id", "__del"
 
 
 def merge(path: str, read_version: int, files: dict[str, dict[str, Any]], schema: pa.Schema, changes: pa.Table,
-          update: bool, record: dict[str, Any], txn_version: int, app_id: str) -> dict[str, int]:
+          update: bool, record: dict[str, Any], txn_version: int, app_id: str,
+          configuration: dict[str, str] | None = None) -> dict[str, int]:
     """Commit ``changes`` as version ``read_version + 1``. ``files``: the live ``add`` actions at
     ``read_version`` (:func:`connectors.deletion_vectors.live_files`); ``schema``: the table's Arrow schema
     (its columns are the stored columns). Unusable when the change cannot be written here (the caller
@@ -90,7 +91,7 @@ def merge(path: str, read_version: int, files: dict[str, dict[str, Any]], schema
     actions: list[dict[str, Any]] = []
     written = pa.concat_tables([kept, written_new]).combine_chunks()
     if written.num_rows:
-        actions.append(own_commit.add_action(root, written, now)[0])
+        actions.append(own_commit.add_action(root, written, now, configuration)[0])
     for rel in touched:
         add = files[rel]
         remove = {"path": rel, "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
@@ -102,7 +103,8 @@ def merge(path: str, read_version: int, files: dict[str, dict[str, Any]], schema
         kinds = np.repeat(np.array(["delete", "update_preimage", "update_postimage", "insert"]),
                           [n_gone, n_pre, post.num_rows, inserted.num_rows])
         changed = pa.concat_tables([old_rows.slice(0, n_gone + n_pre), written_new]).combine_chunks()
-        actions.append(own_commit.cdc_action(root, changed.append_column("_change_type", pa.array(kinds, pa.string()))))
+        actions.append(own_commit.cdc_action(root, changed.append_column("_change_type", pa.array(kinds, pa.string())),
+                                             configuration))
     metrics = {"numTargetRowsInserted": inserted.num_rows, "numTargetRowsUpdated": post.num_rows,
                "numTargetRowsDeleted": deleted_rows.num_rows, "numTargetRowsCopied": kept.num_rows,
                "numTargetFilesAdded": int(written.num_rows > 0), "numTargetFilesRemoved": len(touched)}

@@ -662,7 +662,7 @@ class Refresher:
         try:
             return deletion_vectors.commit(d.path, read_version, files, deletion_vectors.arrow_schema(meta),
                                            inserts, deletes, record, delta_sink.txn_version(read_version),
-                                           delta_sink.TXN_APP_ID)
+                                           delta_sink.TXN_APP_ID, meta.configuration)
         except delta_rs.CommitFailed as e:
             delta_sink.committed_version(self.spark, d.path, record, read_version)  # CommitLost: another won
             raise delta_sink.CommitLost(f"the commit to {d.path} at version {read_version + 1} failed: {e}; the "

@@ -161,14 +161,24 @@ def test_a_full_refresh_of_a_table_of_few_bytes_is_collected_and_written_by_delt
 
 
 def test_a_collected_full_replaces_a_table_with_deletion_vectors_by_the_own_commit(
-    spark: Any, st: Any, make_source: Callable[..., str], unique_name: Callable[[str], str]
+    spark: Any, st: Any, make_source: Callable[..., str], unique_name: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A plain-rows table gets deletion vectors when a refresh marks deleted copies; delta-rs writes no such
     table, so a FULL refresh's collected result replaces it by spark-trickle's own commit (OVERWRITE (own)).
     Every reader sees the query's rows after it, the downstream table that reads its change feed (the live rows
     of the removed files, vectors applied, as deletions) stays equal to its query, and a later refresh marks
-    deleted copies in the new file."""
+    deleted copies in the new file. Every file the own commits write here takes the table's Parquet layout
+    (``LEAN_BELOW_ROWS`` lowered: ``__row_id`` delta bit-packed, no dictionary for the hidden columns), which
+    every reader reads."""
+    import pyarrow.parquet as pq
+
+    from connectors import own_commit
+    from connectors.delta_log import DeltaLog
+    from connectors.storage import local_path
     from pipeline import strategy
+
+    monkeypatch.setattr(own_commit, "LEAN_BELOW_ROWS", 0)
     from pipeline.local_engine import MAX_FULL_BYTES
     from tests.oracle import session_conf
 
@@ -196,6 +206,14 @@ def test_a_collected_full_replaces_a_table_with_deletion_vectors_by_the_own_comm
         st.refresh_stream_table(name)
         applied = st.history(name, 1)[0]["apply"]
         assert applied.startswith("OVERWRITE (own)") and "bytes" in applied, applied
+        log = DeltaLog(spark, st.catalog.get(name).path)
+        added = [a["add"]["path"] for a in log.actions(log.latest_version()) if "add" in a]
+        assert len(added) == 1, added
+        md = pq.ParquetFile(f"{local_path(st.catalog.get(name).path)}/{added[0]}").metadata
+        kinds = {md.row_group(0).column(i).path_in_schema: set(md.row_group(0).column(i).encodings)
+                 for i in range(md.num_columns)}
+        assert "DELTA_BINARY_PACKED" in kinds["__row_id"], kinds
+        assert not (kinds["__row_id"] | kinds["__row_hash"]) & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}, kinds
         _check_all(spark, st, tables, "after the own overwrite")
         assert st.refresh_stream_table(down).action == "DIFFERENTIAL"  # from the overwrite's change feed
         down_matches("after the upstream's own overwrite")
