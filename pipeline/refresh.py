@@ -1083,6 +1083,27 @@ class _Inconsistent(Exception):
         self.path, self.version = path, version
 
 
+#: this thread's job tag for AUTO's budget and the SparkContext it was added to (see :func:`_budget_tag`)
+_BUDGET_TAG = threading.local()
+
+
+def _budget_tag(sc: Any) -> str:
+    """This thread's job tag for AUTO's budget, added to the SparkContext once per thread and kept. Why: adding
+    and removing a tag around every refresh were two py4j round trips, 1-1.7 ms of an AUTO table's 30-50 ms
+    refresh that its DIFFERENTIAL twin did not pay (cProfile of 24 refreshes side by side, docs/BENCHMARKS.md,
+    session 79), for a watcher that fires only after :data:`pipeline.strategy.BUDGET_MIN_S`. Jobs this thread
+    runs outside AUTO's refreshes carry the tag too, but only a watcher armed inside one cancels by it, and
+    the watcher stops when its refresh's block ends. A caller that clears its thread's tags
+    (``SparkContext.clearJobTags``) takes the budget's means of cancelling with them."""
+    kept = getattr(_BUDGET_TAG, "kept", None)
+    if kept is not None and kept[0] is sc:
+        return kept[1]
+    tag = f"trickle-auto-{uuid.uuid4().hex[:12]}"
+    sc.addJobTag(tag)
+    _BUDGET_TAG.kept = (sc, tag)
+    return tag
+
+
 @contextmanager
 def _cancelled_after(spark: Any, seconds: float | None, fired: threading.Event) -> Iterator[None]:
     """Cancel the Spark jobs this thread starts inside the block once ``seconds`` have passed (None: never),
@@ -1092,7 +1113,7 @@ def _cancelled_after(spark: Any, seconds: float | None, fired: threading.Event) 
         yield
         return
     sc = spark.sparkContext
-    tag = f"trickle-auto-{uuid.uuid4().hex[:12]}"
+    tag = _budget_tag(sc)
     done = threading.Event()
 
     def watch() -> None:
@@ -1103,14 +1124,15 @@ def _cancelled_after(spark: Any, seconds: float | None, fired: threading.Event) 
             sc.cancelJobsWithTag(tag)
             done.wait(0.5)
 
-    sc.addJobTag(tag)
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
         yield
     finally:
         done.set()
-        sc.removeJobTag(tag)
+        # the tag stays on this thread: no cancel may land once the block is left, or it would stop what runs
+        # next under the same tag (the FULL that replaces a cancelled delta)
+        watcher.join()
 
 
 def _rendered(ctx: Context, sql: str | None, record: dict[str, Any], for_spark: bool = True) -> str | None:

@@ -113,3 +113,28 @@ def test_auto_cancels_a_differential_refresh_over_its_budget(spark: Any, st: Any
     assert r.action == "FULL" and "threshold" in r.reason, (r.reason, st.catalog.get(name).cost_model)
     got = sorted(tuple(x) for x in st.read(name).collect())
     assert got == sorted(tuple(x) for x in spark.sql(query).collect())
+
+
+def test_auto_budget_tags_its_thread_once(spark: Any, st: Any, make_source: Any, unique_name: Any) -> None:
+    """AUTO's budget cancels by a job tag that its thread gets once and keeps (two py4j round trips fewer per
+    refresh): refreshes on one thread share one tag, and a job started right after a refresh is not cancelled
+    by the refresh's watcher (it has stopped when the refresh returns)."""
+    from pipeline.refresh import _budget_tag
+    from tests.oracle import session_conf
+
+    sc = spark.sparkContext
+    src = make_source("budget_tag", "id BIGINT, g INT, v INT")
+    spark.sql(f"INSERT INTO {src} SELECT id, CAST(id % 10 AS INT), 0 FROM range(5000)")
+    name = unique_name("budget_tag_auto")
+    query = f"SELECT g, SUM(v) AS s FROM {src} GROUP BY g"
+    st.create_stream_table(name, query, refresh_mode="AUTO")
+    with session_conf(spark, {"trickle.refresh.autoBudgetSeconds": "60"}):
+        for v in (1, 2):
+            spark.sql(f"UPDATE {src} SET v = {v} WHERE id = 3")
+            r = st.refresh_stream_table(name)
+            assert r.action == "DIFFERENTIAL", r.reason
+            assert spark.range(1000).selectExpr("sum(id)").collect()[0][0] == 499500
+    tags = [t for t in sc.getJobTags() if t.startswith("trickle-auto-")]
+    assert tags == [_budget_tag(sc)], tags
+    got = sorted(tuple(x) for x in st.read(name).collect())
+    assert got == sorted(tuple(x) for x in spark.sql(query).collect())
