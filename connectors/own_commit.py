@@ -24,6 +24,7 @@ could lose its data under a durable entry, for 0.3-0.6 ms a refresh.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -142,24 +143,35 @@ def write_parquet(root: str, folder: str, prefix: str, table: pa.Table,
     # write (0.1 of 0.23 ms)
     sink = pa.BufferOutputStream()
     lean = table.num_rows < LEAN_BELOW_ROWS
-    options = {"use_dictionary": False} if lean else _layout_options(table.column_names, configuration or {})
+    options = {"use_dictionary": False} if lean else _layout_options(table.schema, configuration or {})
     pq.write_table(table, sink, compression="snappy", write_statistics=not lean, **options)
     data = sink.getvalue()
     write_new(full, data, sync=syncing())
     return rel, data.size
 
 
-def _layout_options(columns: list[str], configuration: dict[str, str]) -> dict[str, Any]:
+def _layout_options(schema: pa.Schema, configuration: dict[str, str]) -> dict[str, Any]:
     """``pyarrow.parquet.write_table``'s options for the layout the table's properties ask
-    (:func:`connectors.delta_rs.parquet_layout`): a dictionary only for the columns not listed without one,
-    the delta-packed columns so encoded (in v1 pages, as delta-rs writes them)."""
+    (:func:`connectors.delta_rs.parquet_layout`): a dictionary for every leaf column but those of the columns
+    listed without one, the delta-packed columns so encoded (in v1 pages, as delta-rs writes them)."""
     plain, packed = parquet_layout(configuration)
     options: dict[str, Any] = {"use_dictionary": True}
-    if plain & set(columns):
-        options["use_dictionary"] = [c for c in columns if c not in plain]
-        if packed & set(columns):
-            options["column_encoding"] = {c: "DELTA_BINARY_PACKED" for c in columns if c in packed}
+    if plain & set(schema.names):
+        options["use_dictionary"] = [p for p in _leaf_paths(schema) if p.split(".", 1)[0] not in plain]
+        if packed & set(schema.names):
+            options["column_encoding"] = {c: "DELTA_BINARY_PACKED" for c in schema.names if c in packed}
     return options
+
+
+@functools.lru_cache(maxsize=64)
+def _leaf_paths(schema: pa.Schema) -> tuple[str, ...]:
+    """The Parquet leaf columns of ``schema`` by path (``s.a``, ``l.list.element``, ...): pyarrow takes a
+    per-column dictionary setting by leaf, so a nested column named by its top level would lose its dictionary.
+    Read off an empty file of the schema, as pyarrow itself names them."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    md = pq.ParquetFile(pa.BufferReader(sink.getvalue())).metadata
+    return tuple(md.schema.column(i).path for i in range(md.num_columns))
 
 
 #: rows of the data files written here, by absolute path, newest last (see :func:`written_rows`), with their

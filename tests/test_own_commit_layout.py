@@ -61,3 +61,21 @@ def test_a_small_file_stays_lean_whatever_the_properties(tmp_path: Path) -> None
     got = _encodings(tmp_path, rel)
     assert all(not e & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"} for e in got.values()), got
     assert pq.read_table(tmp_path / rel).equals(rows)
+
+
+def test_nested_columns_keep_their_dictionaries(tmp_path: Path) -> None:
+    """pyarrow sets a dictionary per leaf column: the nested user columns' leaves (a struct's fields, a list's
+    elements, a map's keys and values) keep theirs while the hidden columns go without."""
+    n = LEAN_BELOW_ROWS * 2
+    rows = pa.table({"__row_id": pa.array(np.arange(n, dtype=np.int64)),
+                     "s": pa.array([{"a": i % 3, "b": "x"} for i in range(n)]),
+                     "l": pa.array([[i % 2, None] for i in range(n)]),
+                     "m": pa.array([[("k", i % 4)] for i in range(n)], pa.map_(pa.string(), pa.int64())),
+                     "__row_hash": pa.array(np.arange(n, dtype=np.int64) * 7919)})
+    rel, _ = write_parquet(str(tmp_path), "", "part-00000", rows, PROPS)
+    got = _encodings(tmp_path, rel)
+    dictionary = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
+    for leaf in ("s.a", "s.b", "l.list.element", "m.key_value.key", "m.key_value.value"):
+        assert got[leaf] & dictionary, (leaf, got)
+    assert not (got["__row_id"] | got["__row_hash"]) & dictionary, got
+    assert pq.read_table(tmp_path / rel).equals(rows)
