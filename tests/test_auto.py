@@ -117,8 +117,10 @@ def test_auto_cancels_a_differential_refresh_over_its_budget(spark: Any, st: Any
 
 def test_auto_budget_tags_its_thread_once(spark: Any, st: Any, make_source: Any, unique_name: Any) -> None:
     """AUTO's budget cancels by a job tag that its thread gets once and keeps (two py4j round trips fewer per
-    refresh): refreshes on one thread share one tag, and a job started right after a refresh is not cancelled
-    by the refresh's watcher (it has stopped when the refresh returns)."""
+    refresh): two refreshes on one thread leave exactly one such tag on it, and the thread's own jobs after a
+    refresh still run under it. (That a fired watcher stops before the FULL replacing its delta starts is what
+    ``test_auto_cancels_a_differential_refresh_over_its_budget`` exercises; a stray late cancel there is a race
+    this test cannot provoke.)"""
     from pipeline.refresh import _budget_tag
     from tests.oracle import session_conf
 
