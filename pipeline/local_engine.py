@@ -19,7 +19,9 @@ function over ``typeof``, which DuckDB folds while planning, so it costs nothing
 
 * ``xxhash64`` (row ids: they must equal those Spark computes in FULL refreshes) is Spark's XXH64, per
   argument type as Spark hashes it (:func:`_spark_hash`); DECIMAL and timestamp arguments are refused, since
-  DuckDB's precision for a decimal expression is not always Spark's, and Spark hashes a decimal by it.
+  DuckDB's precision for a decimal expression is not always Spark's, and Spark hashes a decimal by it. Where
+  Spark's type of an argument is a BIGINT, an integer, a DOUBLE or a STRING, a typed step hashes the value as
+  it is, a column at a time (:data:`_TYPED_HASHES`), and refuses when DuckDB's type is not that one.
 * ``/`` on a DECIMAL, and ``AVG`` of one, are Spark's exact quotient at Spark's result type (DuckDB divides
   them in double): the operands go to :func:`_divide` as text, which rounds as Spark's ``Decimal./`` does; a
   zero divisor raises, as Spark's ANSI mode does.
@@ -189,22 +191,32 @@ _P1, _P2, _P3, _P4, _P5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3
                            0x27D4EB2F165667C5)  # XXH64's primes
 
 
+def _round(acc: Any, word: Any) -> Any:
+    """XXH64's round: one 8-byte lane folded into an accumulator (uint64 arrays, wrapping)."""
+    import numpy as np
+
+    x = acc + word * np.uint64(_P2)
+    return ((x << np.uint64(31)) | (x >> np.uint64(33))) * np.uint64(_P1)
+
+
+def _rotl(x: Any, r: int) -> Any:
+    import numpy as np
+
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
 def _xxh64_fixed(words: Any, width: int, seeds: Any) -> Any:
     """XXH64 of each 4- or 8-byte little-endian word (``words``: uint64 numpy array holding them) seeded by
     ``seeds`` (uint64), vectorised: a refresh hashes every change row of a plain-rows table."""
     import numpy as np
 
-    def rotl(x: Any, r: int) -> Any:
-        return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
-
     u = np.uint64
     with np.errstate(over="ignore"):
         h = seeds + u(_P5) + u(width)
         if width == 8:
-            k = rotl(words * u(_P2), 31) * u(_P1)
-            h = rotl(h ^ k, 27) * u(_P1) + u(_P4)
+            h = _rotl(h ^ _round(u(0), words), 27) * u(_P1) + u(_P4)
         else:
-            h = rotl(h ^ (words * u(_P1)), 23) * u(_P2) + u(_P3)
+            h = _rotl(h ^ (words * u(_P1)), 23) * u(_P2) + u(_P3)
         h ^= h >> u(33)
         h *= u(_P2)
         h ^= h >> u(29)
@@ -213,12 +225,102 @@ def _xxh64_fixed(words: Any, width: int, seeds: Any) -> Any:
     return h
 
 
-def _hash_vectorised(values: Any, kind: str, seeds: Any) -> Any | None:
-    """:func:`_spark_hash` over a whole column of one fixed-width kind; None for the others (row by row)."""
+def _xxh64_block(block: Any, seeds: Any) -> Any:
+    """XXH64 of each row of ``block`` (a (rows, length) uint8 array: strings of one length), seeded by ``seeds``
+    (uint64), as Spark's ``XXH64.hashUnsafeBytes`` computes it (the reference algorithm): 32-byte stripes in four
+    lanes when there are any, then 8-byte words, one 4-byte word, single bytes, and the final mix."""
+    import numpy as np
+
+    u = np.uint64
+    rows, length = block.shape
+    words = np.ascontiguousarray(block[:, :length // 8 * 8]).view("<u8") if length >= 8 else None
+    with np.errstate(over="ignore"):
+        if length >= 32:
+            lanes = [seeds + u(_P1) + u(_P2), seeds + u(_P2), seeds.copy(), seeds - u(_P1)]
+            for stripe in range(length // 32):
+                lanes = [_round(v, words[:, 4 * stripe + i]) for i, v in enumerate(lanes)]
+            h = _rotl(lanes[0], 1) + _rotl(lanes[1], 7) + _rotl(lanes[2], 12) + _rotl(lanes[3], 18)
+            for v in lanes:
+                h = (h ^ _round(u(0), v)) * u(_P1) + u(_P4)
+            done = length // 32 * 4
+        else:
+            h = seeds + u(_P5)
+            done = 0
+        h = h + u(length)
+        for i in range(done, length // 8):
+            h = _rotl(h ^ _round(u(0), words[:, i]), 27) * u(_P1) + u(_P4)
+        at = length // 8 * 8
+        if length - at >= 4:
+            word = np.ascontiguousarray(block[:, at:at + 4]).view("<u4").ravel().astype(u)
+            h = _rotl(h ^ (word * u(_P1)), 23) * u(_P2) + u(_P3)
+            at += 4
+        for i in range(at, length):
+            h = _rotl(h ^ (block[:, i].astype(u) * u(_P5)), 11) * u(_P1)
+        h ^= h >> u(33)
+        h *= u(_P2)
+        h ^= h >> u(29)
+        h *= u(_P3)
+        h ^= h >> u(32)
+    return h
+
+
+def _xxh64_strings(values: Any, seeds: Any) -> Any:
+    """XXH64 of each string's UTF-8 bytes (``values``: an Arrow string column) seeded by ``seeds`` (uint64),
+    vectorised per distinct length; a NULL's entry is meaningless (the caller keeps the seed there). Why: row by
+    row in Python this was a third of a small refresh of a plain-rows table with a string column (session 80)."""
+    import numpy as np
+    import pyarrow as pa
+
+    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    arr = arr.cast(pa.large_string()) if arr.type != pa.large_string() else arr
+    out = np.zeros(len(arr), dtype=np.uint64)
+    if len(arr) == 0:
+        return out
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, dtype=np.uint8)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    lone = []
+    for length, count in zip(*np.unique(lengths, return_counts=True), strict=True):
+        rows = np.flatnonzero(lengths == length)
+        if count < _BLOCK_ROWS:  # a few strings of this length: the C hash per string costs less than a block
+            lone.append(rows)
+            continue
+        block = data[starts[rows, None] + np.arange(int(length))] if length else np.zeros((len(rows), 0), np.uint8)
+        out[rows] = _xxh64_block(block, seeds[rows])
+    if lone:
+        import xxhash
+
+        for row in np.concatenate(lone):
+            out[row] = xxhash.xxh64_intdigest(data[starts[row]:starts[row] + lengths[row]].tobytes(), int(seeds[row]))
+    return out
+
+
+#: strings of one length hashed as one block from this many on (:func:`_xxh64_strings`): a block costs ~25
+#: array operations plus one per 8 bytes, a string alone one call of the ``xxhash`` package
+_BLOCK_ROWS = 16
+
+
+def _seeded(values: Any, hashed: Any, seeds: Any) -> Any:
+    """Spark's step result: the hash where the value is not NULL, the seed where it is (Spark skips NULLs)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
+    return pa.array(np.where(valid, hashed, seeds).view(np.int64), pa.int64())
+
+
+def _hash_vectorised(values: Any, kind: str, seeds: Any) -> Any | None:
+    """:func:`_spark_hash` over a whole column of one kind: fixed-width ones and strings; None for the others
+    (row by row)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if kind == "VARCHAR":
+        seed = seeds.to_numpy(zero_copy_only=False).astype(np.uint64)
+        return _seeded(values, _xxh64_strings(values, seed), seed)
     if kind in _INTS or kind == "DATE" or kind == "BOOLEAN":
         width = 4
         if kind == "DATE":
@@ -240,10 +342,41 @@ def _hash_vectorised(values: Any, kind: str, seeds: Any) -> Any | None:
         words = f.view(np.uint64)
     else:
         return None
-    valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
     seed = seeds.to_numpy(zero_copy_only=False).astype(np.uint64)
-    out = np.where(valid, _xxh64_fixed(np.where(valid, words, np.uint64(0)), width, seed), seed)
-    return pa.array(out.view(np.int64), pa.int64())
+    return _seeded(values, _xxh64_fixed(words, width, seed), seed)
+
+
+#: the typed hash steps :meth:`_Translator._rewrite` calls where Spark's type of an ``xxhash64`` argument is
+#: known: Spark type -> (function, the DuckDB type the value is cast to, the DuckDB types it may have been)
+_TYPED_HASHES = {
+    "BIGINT": ("__trickle_h8", "BIGINT", ("BIGINT", "HUGEINT")),
+    "INT": ("__trickle_h4", "INTEGER", _INTS), "SMALLINT": ("__trickle_h4", "INTEGER", _INTS),
+    "TINYINT": ("__trickle_h4", "INTEGER", _INTS),
+    "DOUBLE": ("__trickle_hd", "DOUBLE", ("DOUBLE",)),
+    "STRING": ("__trickle_hs", "VARCHAR", ("VARCHAR",)),
+}
+
+
+def _typed_hash_udf(cast_to: str) -> Callable[[Any, Any, Any], Any]:
+    """The step of :data:`_TYPED_HASHES` for values cast to ``cast_to``: ``(value, seed, DuckDB's type of the
+    value before the cast)``. Why typed: casting every value to text and parsing it back cost a small refresh of
+    a plain-rows table more than the hashing (session 80). The type (a constant DuckDB folds while planning) is
+    checked against Spark's, which chose this step: where they differ, the text step would have hashed by
+    DuckDB's type, so the delta is left to Spark instead."""
+    kind = {"BIGINT": "BIGINT", "INTEGER": "INTEGER", "DOUBLE": "DOUBLE", "VARCHAR": "VARCHAR"}[cast_to]
+    allowed = {spec[1]: spec[2] for spec in _TYPED_HASHES.values()}[cast_to]
+
+    def step(values: Any, seeds: Any, before: Any) -> Any:
+        seen = before[0].as_py() if len(before) else None
+        if seen is not None and seen not in allowed:
+            raise ValueError(f"trickle-unsupported: xxhash64 of a {seen} that Spark types as {kind}")
+        if seeds.null_count:
+            raise ValueError("trickle-unsupported: xxhash64 with a NULL seed")
+        hashed = _hash_vectorised(values, kind, seeds)
+        assert hashed is not None
+        return hashed
+
+    return step
 
 
 def _decimal_args(kind: str) -> tuple[int, int]:
@@ -881,6 +1014,11 @@ class _Translator:
             h: Any = exp.cast(exp.Literal.number(42), "BIGINT")
             kinds = node.meta.get("spark") or [None] * len(node.expressions)
             for a, kind in zip(node.expressions, kinds, strict=True):
+                typed = _TYPED_HASHES.get(kind) if isinstance(kind, str) else None
+                if typed is not None:
+                    h = exp.Anonymous(this=typed[0], expressions=[
+                        exp.cast(a.copy(), typed[1]), h, exp.Anonymous(this="typeof", expressions=[a.copy()])])
+                    continue
                 spark = (exp.Literal.string(f"DECIMAL({kind.precision},{kind.scale})")
                          if isinstance(kind, spark_types.Decimal) else exp.Null())
                 h = exp.Anonymous(this="__trickle_h", expressions=[
@@ -1147,6 +1285,8 @@ class _Database:
         self.con.execute("SET parquet_metadata_cache = true")
         for name, fn, args, out in (
                 ("__trickle_h", _hash_udf, ["VARCHAR", "VARCHAR", "BIGINT", "VARCHAR"], "BIGINT"),
+                *((name, _typed_hash_udf(cast_to), [cast_to, "BIGINT", "VARCHAR"], "BIGINT")
+                  for name, cast_to, _ in {spec[0]: spec for spec in _TYPED_HASHES.values()}.values()),
                 ("__trickle_div", _divide_udf, ["VARCHAR", "VARCHAR", "INTEGER"], "VARCHAR"),
                 ("__trickle_ok", _guard_udf, ["VARCHAR", "VARCHAR", "VARCHAR"], "BOOLEAN"),
                 ("__trickle_nonzero", _nonzero_udf, ["BOOLEAN"], "BOOLEAN")):
