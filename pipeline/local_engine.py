@@ -213,16 +213,33 @@ def _xxh64_fixed(words: Any, width: int, seeds: Any) -> Any:
     u = np.uint64
     with np.errstate(over="ignore"):
         h = seeds + u(_P5) + u(width)
-        if width == 8:
-            h = _rotl(h ^ _round(u(0), words), 27) * u(_P1) + u(_P4)
-        else:
-            h = _rotl(h ^ (words * u(_P1)), 23) * u(_P2) + u(_P3)
-        h ^= h >> u(33)
-        h *= u(_P2)
-        h ^= h >> u(29)
-        h *= u(_P3)
-        h ^= h >> u(32)
-    return h
+        return _avalanche(_word8(h, words) if width == 8 else _word4(h, words))
+
+
+def _word8(h: Any, word: Any) -> Any:
+    """XXH64's step over one 8-byte word after the stripes (uint64 arrays, wrapping; callers ignore overflow)."""
+    import numpy as np
+
+    return _rotl(h ^ _round(np.uint64(0), word), 27) * np.uint64(_P1) + np.uint64(_P4)
+
+
+def _word4(h: Any, word: Any) -> Any:
+    """XXH64's step over the one 4-byte word that may follow the 8-byte ones (``word``: its value as uint64)."""
+    import numpy as np
+
+    return _rotl(h ^ (word * np.uint64(_P1)), 23) * np.uint64(_P2) + np.uint64(_P3)
+
+
+def _avalanche(h: Any) -> Any:
+    """XXH64's final mix."""
+    import numpy as np
+
+    u = np.uint64
+    h = h ^ (h >> u(33))
+    h = h * u(_P2)
+    h = h ^ (h >> u(29))
+    h = h * u(_P3)
+    return h ^ (h >> u(32))
 
 
 def _xxh64_block(block: Any, seeds: Any) -> Any:
@@ -248,20 +265,14 @@ def _xxh64_block(block: Any, seeds: Any) -> Any:
             done = 0
         h = h + u(length)
         for i in range(done, length // 8):
-            h = _rotl(h ^ _round(u(0), words[:, i]), 27) * u(_P1) + u(_P4)
+            h = _word8(h, words[:, i])
         at = length // 8 * 8
         if length - at >= 4:
-            word = np.ascontiguousarray(block[:, at:at + 4]).view("<u4").ravel().astype(u)
-            h = _rotl(h ^ (word * u(_P1)), 23) * u(_P2) + u(_P3)
+            h = _word4(h, np.ascontiguousarray(block[:, at:at + 4]).view("<u4").ravel().astype(u))
             at += 4
         for i in range(at, length):
             h = _rotl(h ^ (block[:, i].astype(u) * u(_P5)), 11) * u(_P1)
-        h ^= h >> u(33)
-        h *= u(_P2)
-        h ^= h >> u(29)
-        h *= u(_P3)
-        h ^= h >> u(32)
-    return h
+        return _avalanche(h)
 
 
 def _xxh64_strings(values: Any, seeds: Any) -> Any:
@@ -363,16 +374,15 @@ def _typed_hash_udf(cast_to: str) -> Callable[[Any, Any, Any], Any]:
     a plain-rows table more than the hashing (session 80). The type (a constant DuckDB folds while planning) is
     checked against Spark's, which chose this step: where they differ, the text step would have hashed by
     DuckDB's type, so the delta is left to Spark instead."""
-    kind = {"BIGINT": "BIGINT", "INTEGER": "INTEGER", "DOUBLE": "DOUBLE", "VARCHAR": "VARCHAR"}[cast_to]
     allowed = {spec[1]: spec[2] for spec in _TYPED_HASHES.values()}[cast_to]
 
     def step(values: Any, seeds: Any, before: Any) -> Any:
         seen = before[0].as_py() if len(before) else None
         if seen is not None and seen not in allowed:
-            raise ValueError(f"trickle-unsupported: xxhash64 of a {seen} that Spark types as {kind}")
+            raise ValueError(f"trickle-unsupported: xxhash64 of a {seen} that Spark types as {cast_to}")
         if seeds.null_count:
             raise ValueError("trickle-unsupported: xxhash64 with a NULL seed")
-        hashed = _hash_vectorised(values, kind, seeds)
+        hashed = _hash_vectorised(values, cast_to, seeds)
         assert hashed is not None
         return hashed
 
