@@ -104,6 +104,11 @@ MAX_BYTES = "trickle.refresh.localEngineBelowBytes"
 #: a FULL reads its sources whole and a result past ``trickle.apply.fullCollectRowsBelow`` rows is computed
 #: again by Spark
 MAX_FULL_BYTES = "trickle.refresh.localFullBelowBytes"
+#: Spark conf: the same limit for a plain-rows table that spark-trickle's own commit may write (default 256 MiB;
+#: 0: the limit above). Its rows are the query's as they are, written by pyarrow in parallel files, whatever
+#: their number: Spark's writer costs a FULL of the scan benchmark at 10M rows about 1.2x the user's own CTAS,
+#: most of it a row and a field at a time (docs/BENCHMARKS.md, session 81)
+MAX_PLAIN_FULL_BYTES = "trickle.refresh.localPlainFullBelowBytes"
 #: Spark conf: disk DuckDB may spill to, in a folder under the system's temporary directory (default 4 GiB;
 #: DuckDB's own default is the working directory, without a limit). A delta that needs more fails on
 #: DuckDB, and Spark computes it
@@ -357,6 +362,46 @@ def _hash_vectorised(values: Any, kind: str, seeds: Any) -> Any | None:
     return _seeded(values, _xxh64_fixed(words, width, seed), seed)
 
 
+#: rows hashed at a time by :func:`_hashed_columns`: numpy's passes over a block this size stay in the processor's
+#: cache; over the whole column each pass went to memory (0.06 against 0.9 s for 10M BIGINTs, session 81)
+HASH_BLOCK_ROWS = 1 << 17
+
+
+def _hashed_columns(table: Any, deferred: dict[str, list[str]]) -> Any:
+    """``table`` with each deferred hash column (a struct of the hash's arguments, see
+    :meth:`_Translator._deferred`) replaced by Spark's ``xxhash64`` of them: seed 42, each argument's step
+    seeded by the one before, a NULL argument skipped. Blocks of :data:`HASH_BLOCK_ROWS` rows are hashed on
+    as many threads as DuckDB runs (numpy computes without the interpreter's lock)."""
+    import numpy as np
+    import pyarrow as pa
+
+    for name, kinds in deferred.items():
+        packed = table.column(name).combine_chunks()
+        fields = [packed.field(i) for i in range(len(kinds))]
+        out = np.empty(len(packed), dtype=np.int64)
+
+        def block(at: int, fields: list[Any] = fields, kinds: list[str] = kinds, out: Any = out) -> None:
+            n = min(HASH_BLOCK_ROWS, len(out) - at)
+            h = pa.array(np.full(n, 42, dtype=np.int64))
+            for values, kind in zip(fields, kinds, strict=True):
+                part = values.slice(at, n)
+                if part.null_count < n:  # a step over NULLs only keeps its seed (the plain rows' NULL mask, mostly)
+                    h = _hash_vectorised(part, kind, h)
+            out[at:at + n] = h.to_numpy(zero_copy_only=False)
+
+        starts = range(0, len(packed), HASH_BLOCK_ROWS)
+        if len(starts) > 1 and THREADS > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(THREADS, thread_name_prefix="trickle-hash") as pool:
+                list(pool.map(block, starts))
+        else:
+            for at in starts:
+                block(at)
+        table = table.set_column(table.column_names.index(name), name, pa.array(out, pa.int64()))
+    return table
+
+
 #: the typed hash steps :meth:`_Translator._rewrite` calls where Spark's type of an ``xxhash64`` argument is
 #: known: Spark type -> (function, the DuckDB type the value is cast to, the DuckDB types it may have been)
 _TYPED_HASHES = {
@@ -550,6 +595,12 @@ def _guard(kind: str, a: str, b: str | None) -> bool:
     if kind == "default:int":  # an integer literal cast to an integer, a floating or a decimal argument
         if not (a in _INTEGRAL or a in ("DOUBLE", "FLOAT") or a.startswith("DECIMAL")):
             raise ValueError(f"trickle-unsupported: an integer default for a {a}")
+        return True
+    if kind.startswith("xxhash:"):  # a deferred hash's argument (see _Translator.deferred): Spark's type allows a
+        cast_to = kind.split(":", 1)[1]
+        allowed = {spec[1]: spec[2] for spec in _TYPED_HASHES.values()}[cast_to]
+        if a not in allowed:
+            raise ValueError(f"trickle-unsupported: xxhash64 of a {a} that Spark types as {cast_to}")
         return True
     if kind == "default:string":
         if a != "VARCHAR":
@@ -826,9 +877,24 @@ class _Translator:
                           exp.Avg, exp.Concat, exp.GenerateSeries, exp.Hint, exp.JoinHint, exp.Upper, exp.Lower,
                           exp.Length, exp.Window, exp.Join, exp.Select, exp.Struct, exp.VariancePop,
                           exp.StddevPop, exp.CovarPop, exp.BitwiseNot)
+        #: set by :meth:`final`: the outermost SELECT whose hashed columns may be deferred, and those deferred
+        #: (column -> the DuckDB types of its hash's arguments, in order)
+        self._root: Any = None
+        self.deferred: dict[str, list[str]] = {}
 
     def __call__(self, sql: str) -> str:
         return self._translated(_parsed(sql, self.engine.ctx.run_id))
+
+    def final(self, sql: str) -> str:
+        """The statement whose rows a refresh takes, with the hashes it outputs deferred (:meth:`_deferred`):
+        :attr:`deferred` names them."""
+        self.deferred = {}
+        tree = _parsed(sql, self.engine.ctx.run_id)
+        self._root = tree if isinstance(tree, self.exp.Select) and not tree.args.get("distinct") else None
+        try:
+            return self._translated(tree)
+        finally:
+            self._root = None
 
     def expression(self, sql: str) -> str:
         """A Spark SQL expression (a key filter's predicate) as DuckDB's."""
@@ -1004,6 +1070,32 @@ class _Translator:
             if not _null_type_ok(node.to, nested=False):
                 raise Unsupported(f"CAST to {node.to.sql('spark')}")
 
+    def _deferred(self, node: Any, kinds: list[Any]) -> Any | None:
+        """An ``xxhash64`` that is a column of the outermost SELECT, when Spark's type of every argument has a typed
+        step (:data:`_TYPED_HASHES`): its arguments, each cast to that step's type under a guard of DuckDB's type
+        of it, packed in a struct that :func:`_hashed_columns` hashes once DuckDB is done. None otherwise.
+
+        Why: a hash in DuckDB is a Python call per 2048-row vector and per argument, one at a time under the
+        interpreter's lock; the FULL refresh of the scan benchmark's 10M rows spent 5.3 of its 6.1 s in them. A
+        column of the result is hashed in blocks of :data:`HASH_BLOCK_ROWS`, whose arrays stay in the processor's
+        cache (docs/BENCHMARKS.md, session 81)."""
+        exp = self.exp
+        alias = node.parent
+        if (self._root is None or not isinstance(alias, exp.Alias) or alias.parent is not self._root
+                or alias.arg_key != "expressions" or not node.expressions):
+            return None
+        typed = [_TYPED_HASHES.get(k) if isinstance(k, str) else None for k in kinds]
+        if any(t is None for t in typed) or any(
+                c.name == alias.alias for key in ("group", "having", "qualify", "order", "limit", "offset")
+                if isinstance(part := self._root.args.get(key), exp.Expression)
+                for c in part.find_all(exp.Column)):  # grouped, filtered or ordered by the hash: DuckDB needs it
+            return None
+        self.deferred[alias.alias] = [t[1] for t in typed]
+        return exp.Anonymous(this="struct_pack", expressions=[
+            exp.PropertyEQ(this=exp.to_identifier(f"a{i}"),
+                           expression=self._guarded(f"xxhash:{t[1]}", a, None, exp.cast(a.copy(), t[1])))
+            for i, (a, t) in enumerate(zip(node.expressions, typed, strict=True))])
+
     def _guarded(self, kind: str, a: Any, b: Any | None, value: Any) -> Any:
         exp = self.exp
         typeof = lambda x: exp.Anonymous(this="typeof", expressions=[x.copy()])  # noqa: E731
@@ -1021,8 +1113,10 @@ class _Translator:
             return exp.Paren(this=exp.Sub(this=exp.cast(exp.Window(this=exp.RowNumber()), "BIGINT"),
                                           expression=exp.Literal.number(1)))
         if isinstance(node, exp.Anonymous) and node.name.lower() == "xxhash64":
-            h: Any = exp.cast(exp.Literal.number(42), "BIGINT")
             kinds = node.meta.get("spark") or [None] * len(node.expressions)
+            if (deferred := self._deferred(node, kinds)) is not None:
+                return deferred
+            h: Any = exp.cast(exp.Literal.number(42), "BIGINT")
             for a, kind in zip(node.expressions, kinds, strict=True):
                 typed = _TYPED_HASHES.get(kind) if isinstance(kind, str) else None
                 if typed is not None:
@@ -1558,7 +1652,8 @@ class LocalEngine:
             kind = "VIEW" if spec.reads_source() else "TABLE"
             with self.db.fitted(self.con, self.input_bytes):
                 self.con.execute(f"CREATE TEMP {kind} {_q(view)} AS {seed}")
-        query = self.bind(self.translate(sql))
+        query = self.bind(self.translate.final(sql))
+        deferred = self.translate.deferred
         with self.db.fitted(self.con, self.input_bytes):
             if self.input_bytes <= SMALL_INPUT_BYTES:
                 # DuckDB's DB-API runs the statement once; a relation binds it first for its schema, then runs
@@ -1566,9 +1661,14 @@ class LocalEngine:
                 # inputs. Its Arrow output is a copy of the rows, cheap for what a small input gives.
                 cursor = self.con.execute(query)
                 arrow = getattr(cursor, "to_arrow_table", None) or cursor.fetch_arrow_table  # DuckDB 2, 1
-                return _spark_types(arrow(), [str(d[1]) for d in cursor.description])
-            result = self.con.sql(query)
-            return _spark_types(result.to_arrow_table(), [str(t) for t in result.types])
+                table, types = arrow(), [str(d[1]) for d in cursor.description]
+            else:
+                result = self.con.sql(query)
+                table, types = result.to_arrow_table(), [str(t) for t in result.types]
+        if deferred:
+            table = _hashed_columns(table, deferred)
+            types = ["BIGINT" if name in deferred else t for name, t in zip(table.column_names, types, strict=True)]
+        return _spark_types(table, types)
 
     @staticmethod
     def _netted(spec: Fixpoint, sql: str) -> str:

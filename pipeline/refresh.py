@@ -867,34 +867,50 @@ class Refresher:
 
     def _local_full(self, d: StreamTableDef, ctx: Context, sql: str, record: dict[str, Any],
                     read_version: int | None) -> dict[str, int] | None:
-        """A FULL refresh (a creation's first one too) computed by DuckDB on the driver and committed by delta-rs,
-        with no Spark job: when the sources' snapshots total at most ``trickle.refresh.localFullBelowBytes``, the
-        result holds at most ``trickle.apply.fullCollectRowsBelow`` rows, and delta-rs may write the table. None
-        when Spark must do it (the reason, when DuckDB refused, in ``delta_engine``). Why: on a small table a
-        FULL is Spark's fixed cost, a job and a write: creating a stream table over a 40-row source took 1.8 s,
-        0.67 s this way (warm, on the 2-core test machine), most of it now Spark's CREATE of the empty table."""
+        """A FULL refresh (a creation's first one too) computed by DuckDB on the driver and committed without
+        Spark, with no Spark job; None when Spark must do it (the reason, when DuckDB refused, in
+        ``delta_engine``). Two cases:
+
+        * the sources' snapshots total at most ``trickle.refresh.localFullBelowBytes``, the result holds at most
+          ``trickle.apply.fullCollectRowsBelow`` rows, and delta-rs may write the table: delta-rs commits it.
+          Why: on a small table a FULL is Spark's fixed cost, a job and a write: creating a stream table over a
+          40-row source took 1.8 s, 0.67 s this way (warm, on the 2-core test machine), most of it now Spark's
+          CREATE of the empty table;
+        * an existing plain-rows table that spark-trickle's own commit may write, its sources at most
+          ``trickle.refresh.localPlainFullBelowBytes``: the own commit replaces it with the rows however many
+          (:mod:`connectors.own_overwrite`, files written in parallel). Why: the rows are the query's as they
+          are, and Spark's writer costs them a row and a field at a time (docs/BENCHMARKS.md, session 81)."""
         limits = strategy.Limits.from_conf(self.conf)
         max_bytes = int(self.conf.get(local_engine.MAX_FULL_BYTES, str(4 << 20)))
         key = (d.name, d.maintained_query, d.dialect)
         mode = local_engine.mode(self.conf)
-        if (mode == "off" or max_bytes <= 0 or not limits.delta_rs or limits.full_collect_rows <= 0
-                or local_path(d.path) is None
+        if (mode == "off" or max_bytes <= 0 or not limits.delta_rs or local_path(d.path) is None
                 or (key in self._local_full_refused and mode == "auto")
                 or (read_version is None and ctx.fixpoints)):  # a new table's schema is Spark's analysis of sql
             return None
         log = DeltaLog(self.spark, d.path)
+        small_ok = limits.full_collect_rows > 0
+        own_ok = False
         if read_version is not None:
             meta = log.metadata(read_version)
-            if meta is None or delta_rs.unusable(d.path, log.protocol(read_version)):
+            if meta is None:
                 return None
+            protocol = log.protocol(read_version)
+            small_ok = small_ok and delta_rs.unusable(d.path, protocol) is None
+            own_ok = d.layout == "bag" and self._own_unusable(d, protocol, read_version) is None
+        if not (small_ok or own_ok):
+            return None
+        limit = max(max_bytes, int(self.conf.get(local_engine.MAX_PLAIN_FULL_BYTES, str(256 << 20)))) \
+            if own_ok else max_bytes
         try:
-            rows = local_engine.collect(self.spark, ctx, sql, None, self.conf, max_bytes)
+            rows = local_engine.collect(self.spark, ctx, sql, None, self.conf, limit)
         except local_engine.Unsupported as e:
             if e.lasting:
                 self._local_full_refused[key] = str(e)
             record["delta_engine"] = f"spark: {e}"
             return None
-        if rows.num_rows > limits.full_collect_rows:
+        small_ok = small_ok and rows.num_rows <= limits.full_collect_rows
+        if not (small_ok or own_ok):
             return None
         if mode == "verify":
             with fixpoints.evaluated(self.spark, ctx):
@@ -921,10 +937,15 @@ class Refresher:
             record["delta_engine"] = f"spark: DuckDB's result does not fit the table's types ({_first_line(e)})"
             return None
         record["delta_engine"] = "duckdb"
-        record["apply"] = strategy.Choice("OVERWRITE", "delta-rs", f"the sources' snapshots total at most "
-                                          f"{max_bytes} bytes; DuckDB computed the {rows.num_rows} rows on the "
-                                          "driver and they replace the table").describe()
-        return self._overwrite_by_delta_rs(d, stored, record, read_version)
+        if small_ok:
+            record["apply"] = strategy.Choice("OVERWRITE", "delta-rs", f"the sources' snapshots total at most "
+                                              f"{max_bytes} bytes; DuckDB computed the {rows.num_rows} rows on the "
+                                              "driver and they replace the table").describe()
+            return self._overwrite_by_delta_rs(d, stored, record, read_version)
+        record["apply"] = strategy.Choice("OVERWRITE", "own", f"the sources' snapshots total at most {limit} bytes; "
+                                          f"DuckDB computed the {rows.num_rows} plain rows on the driver and they "
+                                          "replace the table").describe()
+        return self._overwrite_by_own_commit(d, stored, record, read_version)
 
     def _overwrite_by_delta_rs(self, d: StreamTableDef, rows: Any, record: dict[str, Any],
                                read_version: int) -> dict[str, int]:

@@ -31,13 +31,16 @@ class _Ctx:
 
 def _duck_rows(sql: str, table: Any, types: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
     """``sql`` (Spark SQL over the relation ``t``, whose Spark types are ``types``) run by the engine's
-    translation over ``table``."""
+    translation over ``table``, as a refresh's statement is (the hashes it outputs computed after DuckDB)."""
     engine = local_engine.LocalEngine(None, _Ctx(), None, 1000)  # type: ignore[arg-type]
     engine.con.register("t", table)
     if types is not None:
         engine.types["t"] = types
     try:
-        return [tuple(r) for r in engine.con.execute(engine.translate(sql)).fetchall()]
+        rows = engine.con.sql(engine.translate.final(sql)).to_arrow_table()
+        if engine.translate.deferred:
+            rows = local_engine._hashed_columns(rows, engine.translate.deferred)
+        return [tuple(r.values()) for r in rows.to_pylist()]
     finally:
         engine.con.close()
 
@@ -68,15 +71,20 @@ ROWS = pa.table({
                                   "l, nullif(concat(IF(i IS NULL, '1', '0')), '0')", "x", "y", "x, y, s",
                                   "x * y", "x + 1", "y - x"])
 @pytest.mark.parametrize("typed", [False, True], ids=["by-duckdb-type", "by-spark-type"])
-def test_xxhash64_is_sparks(spark: Any, args: str, typed: bool) -> None:
+@pytest.mark.parametrize("where", ["output", "inner"])
+def test_xxhash64_is_sparks(spark: Any, args: str, typed: bool, where: str, monkeypatch: Any) -> None:
     """Row ids computed by DuckDB must equal those Spark computes (a FULL refresh's), NULLs and -0.0 included;
     decimals by Spark's type of the expression (a long up to 18 digits, bytes past them). Both ways of hashing:
     by DuckDB's type of each value given as text, where Spark's type of the argument is unknown, and by the
-    typed steps where it is known (``typed``: every column's Spark type given)."""
+    typed steps where it is known (``typed``: every column's Spark type given); and both places: a hash the
+    statement outputs, computed after DuckDB in blocks (here of two rows, so that blocks meet inside the
+    rows), and one inside it, computed by DuckDB's calls per vector."""
     from pipeline import spark_types
 
+    monkeypatch.setattr(local_engine, "HASH_BLOCK_ROWS", 2)
     spark.createDataFrame(ROWS).createOrReplaceTempView("t")
-    sql = f"SELECT xxhash64({args}) AS h FROM t ORDER BY n"
+    sql = (f"SELECT xxhash64({args}) AS h FROM t ORDER BY n" if where == "output" else
+           f"SELECT h FROM (SELECT xxhash64({args}) AS h, n FROM t) ORDER BY n")
     expected = [r[0] for r in spark.sql(sql).collect()]
     types = {"x": spark_types.Decimal(10, 2), "y": spark_types.Decimal(25, 4), "n": "BIGINT", "s": "STRING"}
     if typed:
@@ -104,11 +112,14 @@ def test_strings_hash_as_xxh64_of_their_bytes_at_every_length() -> None:
     assert got.to_pylist() == want
 
 
-def test_a_spark_type_duckdb_does_not_share_leaves_the_hash_to_spark() -> None:
+@pytest.mark.parametrize("sql", ["SELECT xxhash64(i) AS h FROM t ORDER BY n",
+                                 "SELECT h FROM (SELECT xxhash64(i) AS h, n FROM t) ORDER BY n"],
+                         ids=["output", "inner"])
+def test_a_spark_type_duckdb_does_not_share_leaves_the_hash_to_spark(sql: str) -> None:
     """Where Spark's type of an argument (here BIGINT) is not DuckDB's (INTEGER), the typed step refuses rather
     than hash 4 bytes where Spark hashes 8: the delta then runs on Spark."""
     with pytest.raises(Exception, match="trickle-unsupported: xxhash64 of a INTEGER that Spark types as BIGINT"):
-        _duck("SELECT xxhash64(i) AS h FROM t ORDER BY n", ROWS, {"i": "BIGINT", "n": "BIGINT"})
+        _duck(sql, ROWS, {"i": "BIGINT", "n": "BIGINT"})
 
 
 @pytest.mark.parametrize("expr", ["EXTRACT(YEAR FROM d)", "year(d)", "month(d)", "day(d)", "quarter(d)",

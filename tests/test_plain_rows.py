@@ -226,6 +226,62 @@ def test_a_collected_full_replaces_a_table_with_deletion_vectors_by_the_own_comm
         down_matches("after the upstream marked copies again")
 
 
+def test_a_full_of_many_plain_rows_is_computed_by_duckdb_and_written_by_the_own_commit(
+    spark: Any, st: Any, make_source: Callable[..., str], unique_name: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain-rows table's FULL refresh whose result has more rows than delta-rs is given
+    (``fullCollectRowsBelow``) is computed by DuckDB, its ``__row_hash`` after DuckDB in blocks
+    (``HASH_BLOCK_ROWS`` lowered, so that blocks meet inside the rows), and written by the own commit as several
+    files side by side (``PART_ROWS`` lowered). Every reader sees the query's rows, duplicates, NULLs and -0.0
+    included (NaN: the hash tests; this check's row counts cannot hold one); the downstream table that reads its change feed stays equal to its query; and a later
+    DIFFERENTIAL refresh computed by Spark finds the stored copies it deletes by the hashes DuckDB stored."""
+    from connectors import own_overwrite
+    from connectors.delta_log import DeltaLog
+    from pipeline import local_engine, strategy
+    from tests.oracle import session_conf
+
+    monkeypatch.setattr(own_overwrite, "PART_ROWS", 40)
+    monkeypatch.setattr(local_engine, "HASH_BLOCK_ROWS", 16)
+    rows = [(i, i % 5, None if i % 11 == 0 else f"s{i % 2}", [-0.0, 0.0, 1.5, None][i % 4], i % 3 * (1 << 40))
+            for i in range(200)]
+    src = make_source("fd_src", "id INT, k INT, v STRING, x DOUBLE, b BIGINT", rows=rows)
+    spark.sql(f"INSERT INTO {src} VALUES (300, 1, 's1', 2.5, 7), (301, 1, 's1', 2.5, 7)")
+    name, down = unique_name("fd_st"), unique_name("fd_down")
+    query, down_body = f"SELECT k, v, x, b FROM {src}", "SELECT k, count(*) AS n FROM {t} WHERE v = 's1' GROUP BY k"
+    tables = {name: query}
+    with session_conf(spark, {strategy.FULL_COLLECT_ROWS: "10", strategy.VECTORS_ABOVE_ROWS: "0"}):
+        st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL")
+        st.create_stream_table(down, down_body.format(t=name), refresh_mode="DIFFERENTIAL")
+
+        def down_matches(when: str) -> None:
+            got = spark.table(down).select("k", "n").exceptAll(spark.sql(down_body.format(t=f"({query})")))
+            back = spark.sql(down_body.format(t=f"({query})")).exceptAll(spark.table(down).select("k", "n"))
+            assert got.count() == 0 and back.count() == 0, when
+
+        spark.sql(f"INSERT INTO {src} VALUES (500, 1, 's1', -0.0, 7), (501, 1, 's1', -0.0, 7), (502, NULL, NULL, NULL, NULL)")
+        spark.sql(f"UPDATE {src} SET v = 's1' WHERE id BETWEEN 40 AND 60")
+        st.alter_stream_table(name, refresh_mode="FULL")
+        st.refresh_stream_table(name)
+        last = st.history(name, 1)[0]
+        assert last["apply"].startswith("OVERWRITE (own)") and "DuckDB computed" in last["apply"], last
+        log = DeltaLog(spark, st.catalog.get(name).path)
+        added = [a["add"]["path"] for a in log.actions(log.latest_version()) if "add" in a]
+        assert len(added) > 1, added
+        _check_all(spark, st, tables, "after DuckDB's FULL")
+        assert st.refresh_stream_table(down).action == "DIFFERENTIAL"  # from the overwrite's change feed
+        down_matches("after the upstream's FULL by DuckDB")
+        st.alter_stream_table(name, refresh_mode="DIFFERENTIAL")
+        spark.sql(f"DELETE FROM {src} WHERE k = 2 OR id IN (300, 501, 502) OR x IS NULL")
+        spark.sql(f"UPDATE {src} SET b = b + 1 WHERE id % 7 = 0")
+        with session_conf(spark, {local_engine.MODE: "off"}):  # the delta's hashes by Spark
+            r = st.refresh_stream_table(name)
+        assert r.action == "DIFFERENTIAL", (r.action, r.reason)
+        _check_all(spark, st, tables, "after Spark's delta deleted copies DuckDB stored")
+        assert st.refresh_stream_table(down).action == "DIFFERENTIAL"
+        down_matches("after the upstream's DIFFERENTIAL")
+
+
 def test_float_identities_meet_recomputed_sums_and_keep_values_apart(spark: Any) -> None:
     """Both forms of ``dvm.context.FLOAT_IDENTITIES`` evaluated by Spark: sums of the same terms in another
     order get one identity, values that differ in their 11th digit keep two, and the edge values (NaN,
