@@ -1,15 +1,17 @@
 """A FULL refresh's collected result replacing a table by spark-trickle's own commit: every live file removed,
-one new file added, in one commit.
+the new files added (one, or one per processor for many rows), in one commit.
 
 Why: a FULL refresh of a small table collects its result to the driver and has delta-rs replace the table,
 about twice as fast as Spark's writer at a million rows (:data:`pipeline.strategy.FULL_COLLECT_BYTES`). delta-rs
 writes no table with the ``deletionVectors`` feature, which a plain-rows table gets as soon as a refresh marks
 deleted copies (:mod:`connectors.deletion_vectors`), so an AUTO table that alternates DIFFERENTIAL and FULL
 refreshes paid Spark's writer on every FULL: at 1M rows x 50% change 1.4 s against 1.0 s for the FULL table
-beside it (docs/BENCHMARKS.md, session 78).
+beside it (docs/BENCHMARKS.md, session 78). A plain-rows table's FULL computed by DuckDB comes here too,
+whatever its rows (:meth:`pipeline.refresh.Refresher._local_full`): Spark's writer costs them a row and a field
+at a time.
 
 The commit is what Spark's overwrite of such a table writes: a ``remove`` of each live file (with its deletion
-vector, so the change feed reads its live rows as deleted), an ``add`` of the new file, ``commitInfo`` with the
+vector, so the change feed reads its live rows as deleted), an ``add`` of each new file, ``commitInfo`` with the
 refresh record as ``userMetadata`` and the idempotent-transaction marker, created put-if-absent at the version
 after the one the refresh read (:func:`connectors.own_commit.commit`). No change-data file: the change feed of
 an overwrite is its added and removed files.

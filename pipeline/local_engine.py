@@ -21,7 +21,9 @@ function over ``typeof``, which DuckDB folds while planning, so it costs nothing
   argument type as Spark hashes it (:func:`_spark_hash`); DECIMAL and timestamp arguments are refused, since
   DuckDB's precision for a decimal expression is not always Spark's, and Spark hashes a decimal by it. Where
   Spark's type of an argument is a BIGINT, an integer, a DOUBLE or a STRING, a typed step hashes the value as
-  it is, a column at a time (:data:`_TYPED_HASHES`), and refuses when DuckDB's type is not that one.
+  it is, a column at a time (:data:`_TYPED_HASHES`), and refuses when DuckDB's type is not that one. A hash the
+  statement outputs (``__row_hash``) is computed after DuckDB, on the result's columns in blocks
+  (:meth:`_Translator._deferred`, :func:`_hashed_columns`), with the same refusal as a guard.
 * ``/`` on a DECIMAL, and ``AVG`` of one, are Spark's exact quotient at Spark's result type (DuckDB divides
   them in double): the operands go to :func:`_divide` as text, which rounds as Spark's ``Decimal./`` does; a
   zero divisor raises, as Spark's ANSI mode does.
