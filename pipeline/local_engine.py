@@ -1405,7 +1405,11 @@ class _Database:
     def fitted(self, cursor: Any, input_bytes: int) -> Iterator[None]:
         """Run the block (a statement on ``cursor`` and the fetch of its rows) with the threads its input
         calls for. The count only changes how fast DuckDB works, never what it answers, so a statement that
-        started under another count is still right."""
+        started under another count is still right. The last large statement to end sets the count back to one
+        itself. Why: going from two threads to one waits for DuckDB's second thread to wind down the large
+        statement's work, 68 ms after a FULL of 10M rows, which the next small refresh paid (in the 10M matrix
+        the first refresh after each FULL took 0.15-0.17 s against 0.07-0.09 s; docs/BENCHMARKS.md, session
+        81); the large statement takes seconds."""
         large = input_bytes > SMALL_INPUT_BYTES
         with self._lock:
             self._large += large
@@ -1419,6 +1423,12 @@ class _Database:
             if large:
                 with self._lock:
                     self._large -= 1
+                    if not self._large and self.threads != 1:
+                        try:
+                            cursor.execute("SET threads = 1")
+                            self.threads = 1
+                        except Exception:  # noqa: BLE001 - the next statement sets the count again
+                            pass
 
 
 #: the process's databases, one per spill limit

@@ -722,7 +722,8 @@ def test_parsed_run_id_elsewhere_is_parsed_as_is() -> None:
 def test_threads_follow_the_statements_input() -> None:
     """A statement over little input runs on DuckDB's calling thread alone, one over more with
     ``THREADS``; while a large one runs, a small one does not take its threads away (DuckDB's count is the
-    database's, shared by every connection), and afterwards small statements are back on one thread."""
+    database's, shared by every connection), and the last large one to end sets one thread back itself, so
+    that the next small refresh does not wait for DuckDB to wind its second thread down."""
     db = local_engine._Database(1 << 30)  # noqa: SLF001 - a database of its own, not the process's shared one
     small, large = db.con.cursor(), db.con.cursor()
 
@@ -738,6 +739,7 @@ def test_threads_follow_the_statements_input() -> None:
             with db.fitted(small, 20_000):
                 assert threads(small) == local_engine.THREADS
             assert threads(large) == local_engine.THREADS
+        assert threads(small) == 1  # set back by the large statement's end, not by the next small one
         with db.fitted(small, local_engine.SMALL_INPUT_BYTES):
             assert threads(small) == 1
     finally:
