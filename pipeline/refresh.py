@@ -876,10 +876,13 @@ class Refresher:
           Why: on a small table a FULL is Spark's fixed cost, a job and a write: creating a stream table over a
           40-row source took 1.8 s, 0.67 s this way (warm, on the 2-core test machine), most of it now Spark's
           CREATE of the empty table;
-        * an existing plain-rows table that spark-trickle's own commit may write, its sources at most
+        * a plain-rows table that spark-trickle's own commit may write, its sources at most
           ``trickle.refresh.localPlainFullBelowBytes``: the own commit replaces it with the rows however many
-          (:mod:`connectors.own_overwrite`, files written in parallel). Why: the rows are the query's as they
-          are, and Spark's writer costs them a row and a field at a time (docs/BENCHMARKS.md, session 81)."""
+          (:mod:`connectors.own_overwrite`, files written in parallel); a new one too, once Spark has created it
+          empty (delta-rs writes it when the own commit may not). Why: the rows are the query's as they are, and
+          Spark's writer costs them a row and a field at a time (docs/BENCHMARKS.md, session 81); and AUTO learns
+          what a FULL costs from the first population, which, by Spark, was up to 8x what a later FULL costs
+          here (session 81's 1M x 50% filter)."""
         limits = strategy.Limits.from_conf(self.conf)
         max_bytes = int(self.conf.get(local_engine.MAX_FULL_BYTES, str(4 << 20)))
         key = (d.name, d.maintained_query, d.dialect)
@@ -898,10 +901,13 @@ class Refresher:
             protocol = log.protocol(read_version)
             small_ok = small_ok and delta_rs.unusable(d.path, protocol) is None
             own_ok = d.layout == "bag" and self._own_unusable(d, protocol, read_version) is None
-        if not (small_ok or own_ok):
+        # a new plain-rows table: whether the own commit may write it is known once Spark has created it; if not,
+        # delta-rs writes it whatever its rows, as it writes a small one
+        creating_plain = read_version is None and d.layout == "bag"
+        if not (small_ok or own_ok or creating_plain):
             return None
         limit = max(max_bytes, int(self.conf.get(local_engine.MAX_PLAIN_FULL_BYTES, str(256 << 20)))) \
-            if own_ok else max_bytes
+            if own_ok or creating_plain else max_bytes
         try:
             rows = local_engine.collect(self.spark, ctx, sql, None, self.conf, limit)
         except local_engine.Unsupported as e:
@@ -910,7 +916,7 @@ class Refresher:
             record["delta_engine"] = f"spark: {e}"
             return None
         small_ok = small_ok and rows.num_rows <= limits.full_collect_rows
-        if not (small_ok or own_ok):
+        if not (small_ok or own_ok or creating_plain):
             return None
         if mode == "verify":
             with fixpoints.evaluated(self.spark, ctx):
@@ -931,6 +937,9 @@ class Refresher:
             meta = log.metadata(read_version) if read_version is not None else None
             if meta is None:
                 return None
+            if creating_plain and not small_ok:
+                own_ok = self._own_unusable(d, log.protocol(read_version), read_version) is None
+                small_ok = not own_ok
         try:
             stored = rows.select([c for c, _ in meta.columns()]).cast(deletion_vectors.arrow_schema(meta))
         except (KeyError, ValueError, TypeError, NotImplementedError) as e:  # pyarrow's ArrowInvalid is a ValueError
@@ -939,7 +948,7 @@ class Refresher:
         record["delta_engine"] = "duckdb"
         if small_ok:
             record["apply"] = strategy.Choice("OVERWRITE", "delta-rs", f"the sources' snapshots total at most "
-                                              f"{max_bytes} bytes; DuckDB computed the {rows.num_rows} rows on the "
+                                              f"{limit} bytes; DuckDB computed the {rows.num_rows} rows on the "
                                               "driver and they replace the table").describe()
             return self._overwrite_by_delta_rs(d, stored, record, read_version)
         record["apply"] = strategy.Choice("OVERWRITE", "own", f"the sources' snapshots total at most {limit} bytes; "

@@ -235,7 +235,8 @@ def test_a_full_of_many_plain_rows_is_computed_by_duckdb_and_written_by_the_own_
     (``HASH_BLOCK_ROWS`` lowered, so that blocks meet inside the rows), and written by the own commit as several
     files side by side (``PART_ROWS`` lowered). Every reader sees the query's rows, duplicates, NULLs and -0.0
     included (NaN: the hash tests; this check's row counts cannot hold one); the downstream table that reads its change feed stays equal to its query; and a later
-    DIFFERENTIAL refresh computed by Spark finds the stored copies it deletes by the hashes DuckDB stored."""
+    DIFFERENTIAL refresh computed by Spark finds the stored copies it deletes by the hashes DuckDB stored. The
+    table's first population goes the same way, once Spark has created it empty."""
     from connectors import own_overwrite
     from connectors.delta_log import DeltaLog
     from pipeline import local_engine, strategy
@@ -252,6 +253,9 @@ def test_a_full_of_many_plain_rows_is_computed_by_duckdb_and_written_by_the_own_
     tables = {name: query}
     with session_conf(spark, {strategy.FULL_COLLECT_ROWS: "10", strategy.VECTORS_ABOVE_ROWS: "0"}):
         st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL")
+        first = st.history(name, 1)[0]
+        assert first["apply"].startswith("OVERWRITE (own)") and "DuckDB computed" in first["apply"], first
+        _check_all(spark, st, tables, "after DuckDB's first population")
         st.create_stream_table(down, down_body.format(t=name), refresh_mode="DIFFERENTIAL")
 
         def down_matches(when: str) -> None:
