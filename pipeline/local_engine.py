@@ -421,12 +421,9 @@ def _typed_hash_udf(cast_to: str) -> Callable[[Any, Any, Any], Any]:
     a plain-rows table more than the hashing (session 80). The type (a constant DuckDB folds while planning) is
     checked against Spark's, which chose this step: where they differ, the text step would have hashed by
     DuckDB's type, so the delta is left to Spark instead."""
-    allowed = {spec[1]: spec[2] for spec in _TYPED_HASHES.values()}[cast_to]
-
     def step(values: Any, seeds: Any, before: Any) -> Any:
-        seen = before[0].as_py() if len(before) else None
-        if seen is not None and seen not in allowed:
-            raise ValueError(f"trickle-unsupported: xxhash64 of a {seen} that Spark types as {cast_to}")
+        if len(before):
+            _check_hash_type(cast_to, before[0].as_py())
         if seeds.null_count:
             raise ValueError("trickle-unsupported: xxhash64 with a NULL seed")
         hashed = _hash_vectorised(values, cast_to, seeds)
@@ -434,6 +431,13 @@ def _typed_hash_udf(cast_to: str) -> Callable[[Any, Any, Any], Any]:
         return hashed
 
     return step
+
+
+def _check_hash_type(cast_to: str, seen: str | None) -> None:
+    """Refuses a typed hash step (cast to ``cast_to``) of a value whose DuckDB type ``seen`` is not one Spark's type
+    of it allows (:data:`_TYPED_HASHES`): the text step would have hashed by DuckDB's type, not Spark's."""
+    if seen is not None and seen not in {spec[1]: spec[2] for spec in _TYPED_HASHES.values()}[cast_to]:
+        raise ValueError(f"trickle-unsupported: xxhash64 of a {seen} that Spark types as {cast_to}")
 
 
 def _decimal_args(kind: str) -> tuple[int, int]:
@@ -598,11 +602,8 @@ def _guard(kind: str, a: str, b: str | None) -> bool:
         if not (a in _INTEGRAL or a in ("DOUBLE", "FLOAT") or a.startswith("DECIMAL")):
             raise ValueError(f"trickle-unsupported: an integer default for a {a}")
         return True
-    if kind.startswith("xxhash:"):  # a deferred hash's argument (see _Translator.deferred): Spark's type allows a
-        cast_to = kind.split(":", 1)[1]
-        allowed = {spec[1]: spec[2] for spec in _TYPED_HASHES.values()}[cast_to]
-        if a not in allowed:
-            raise ValueError(f"trickle-unsupported: xxhash64 of a {a} that Spark types as {cast_to}")
+    if kind.startswith("xxhash:"):  # a deferred hash's argument (see _Translator._deferred)
+        _check_hash_type(kind.split(":", 1)[1], a)
         return True
     if kind == "default:string":
         if a != "VARCHAR":

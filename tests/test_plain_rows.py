@@ -29,6 +29,14 @@ def _rows_by_delta_rs(path: str, cols: list[str]) -> tuple[Counter[Row], Any]:
     return rows, table
 
 
+def _down_matches(spark: Any, down: str, down_body: str, query: str, when: str) -> None:
+    """The downstream table ``down`` (its query ``down_body`` over ``{t}``) holds what its query gives over the
+    upstream's own query, as multisets of ``(k, n)``."""
+    expected = spark.sql(down_body.format(t=f"({query})"))
+    got = spark.table(down).select("k", "n")
+    assert got.exceptAll(expected).count() == 0 and expected.exceptAll(got).count() == 0, when
+
+
 def _check(spark: Any, st: Any, name: str, expected_sql: str, when: str) -> None:
     _check_all(spark, st, {name: expected_sql}, when)
 
@@ -191,11 +199,6 @@ def test_a_collected_full_replaces_a_table_with_deletion_vectors_by_the_own_comm
         st.create_stream_table(name, query, refresh_mode="DIFFERENTIAL")
         st.create_stream_table(down, down_body.format(t=name), refresh_mode="DIFFERENTIAL")
 
-        def down_matches(when: str) -> None:
-            got = spark.table(down).select("k", "n").exceptAll(spark.sql(down_body.format(t=f"({query})")))
-            back = spark.sql(down_body.format(t=f"({query})")).exceptAll(spark.table(down).select("k", "n"))
-            assert got.count() == 0 and back.count() == 0, when
-
         spark.sql(f"DELETE FROM {src} WHERE id < 30")
         assert st.refresh_stream_table(name).action == "DIFFERENTIAL"
         assert (st.history(name, 1)[0]["apply"] or "").startswith("MERGE (vectors)"), st.history(name, 1)
@@ -216,14 +219,14 @@ def test_a_collected_full_replaces_a_table_with_deletion_vectors_by_the_own_comm
         assert not (kinds["__row_id"] | kinds["__row_hash"]) & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}, kinds
         _check_all(spark, st, tables, "after the own overwrite")
         assert st.refresh_stream_table(down).action == "DIFFERENTIAL"  # from the overwrite's change feed
-        down_matches("after the upstream's own overwrite")
+        _down_matches(spark, down, down_body, query, "after the upstream's own overwrite")
         st.alter_stream_table(name, refresh_mode="DIFFERENTIAL")
         spark.sql(f"DELETE FROM {src} WHERE k = 2 OR id = 501")
         st.refresh_stream_table(name)
         assert (st.history(name, 1)[0]["apply"] or "").startswith("MERGE (vectors)"), st.history(name, 1)
         _check_all(spark, st, tables, "after marking copies in the overwritten table")
         assert st.refresh_stream_table(down).action == "DIFFERENTIAL"
-        down_matches("after the upstream marked copies again")
+        _down_matches(spark, down, down_body, query, "after the upstream marked copies again")
 
 
 def test_a_full_of_many_plain_rows_is_computed_by_duckdb_and_written_by_the_own_commit(
@@ -258,11 +261,6 @@ def test_a_full_of_many_plain_rows_is_computed_by_duckdb_and_written_by_the_own_
         _check_all(spark, st, tables, "after DuckDB's first population")
         st.create_stream_table(down, down_body.format(t=name), refresh_mode="DIFFERENTIAL")
 
-        def down_matches(when: str) -> None:
-            got = spark.table(down).select("k", "n").exceptAll(spark.sql(down_body.format(t=f"({query})")))
-            back = spark.sql(down_body.format(t=f"({query})")).exceptAll(spark.table(down).select("k", "n"))
-            assert got.count() == 0 and back.count() == 0, when
-
         spark.sql(f"INSERT INTO {src} VALUES (500, 1, 's1', -0.0, 7), (501, 1, 's1', -0.0, 7), (502, NULL, NULL, NULL, NULL)")
         spark.sql(f"UPDATE {src} SET v = 's1' WHERE id BETWEEN 40 AND 60")
         st.alter_stream_table(name, refresh_mode="FULL")
@@ -274,7 +272,7 @@ def test_a_full_of_many_plain_rows_is_computed_by_duckdb_and_written_by_the_own_
         assert len(added) > 1, added
         _check_all(spark, st, tables, "after DuckDB's FULL")
         assert st.refresh_stream_table(down).action == "DIFFERENTIAL"  # from the overwrite's change feed
-        down_matches("after the upstream's FULL by DuckDB")
+        _down_matches(spark, down, down_body, query, "after the upstream's FULL by DuckDB")
         st.alter_stream_table(name, refresh_mode="DIFFERENTIAL")
         spark.sql(f"DELETE FROM {src} WHERE k = 2 OR id IN (300, 501, 502) OR x IS NULL")
         spark.sql(f"UPDATE {src} SET b = b + 1 WHERE id % 7 = 0")
@@ -283,7 +281,7 @@ def test_a_full_of_many_plain_rows_is_computed_by_duckdb_and_written_by_the_own_
         assert r.action == "DIFFERENTIAL", (r.action, r.reason)
         _check_all(spark, st, tables, "after Spark's delta deleted copies DuckDB stored")
         assert st.refresh_stream_table(down).action == "DIFFERENTIAL"
-        down_matches("after the upstream's DIFFERENTIAL")
+        _down_matches(spark, down, down_body, query, "after the upstream's DIFFERENTIAL")
 
 
 def test_float_identities_meet_recomputed_sums_and_keep_values_apart(spark: Any) -> None:
