@@ -47,6 +47,26 @@ def _typed(rows: list[tuple[str | None, ...]], types: str) -> list[tuple[Any, ..
     return [tuple(None if v is None else conv[t](v) for v, t in zip(r, types, strict=True)) for r in rows]
 
 
+def _wait_for_events(bootstrap: str, topic: str, n: int, timeout_s: float = 60) -> None:
+    """Block until ``topic`` holds at least ``n`` events. Why: Debezium logs its snapshot's end when it has read
+    the rows, while its producer may still be sending them (the topic is created by the first send), and a source
+    that takes its columns from the events finds nothing on a topic not yet written."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        deadline, held = time.monotonic() + timeout_s, 0
+        while time.monotonic() < deadline:
+            parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+            held = sum(consumer.end_offsets(parts).values()) if parts else 0
+            if held >= n:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"topic {topic} holds {held} events after {timeout_s} s, {n} expected")
+    finally:
+        consumer.close()
+
+
 def test_postgres_debezium_kafka_to_stream_tables(spark: Any, services: Any, unique_name: Any,
                                                   tmp_path: Path) -> None:
     from pipeline import StreamTables
@@ -358,6 +378,7 @@ def test_a_source_without_columns_follows_its_table_ddl(spark: Any, services: An
     loop: threading.Thread | None = None
     try:
         connect.wait_for_snapshot()
+        _wait_for_events(broker.bootstrap, debezium_topic(prefix, items), 12)  # the 12 rows' snapshot events
         by_label = unique_name("ev_by_label")
         q_label = f"SELECT label, COUNT(*) AS n, SUM(qty) AS total FROM {items} GROUP BY label"
         conf_file = tmp_path / "pipeline.yaml"
