@@ -107,7 +107,7 @@ MAX_BYTES = "trickle.refresh.localEngineBelowBytes"
 #: again by Spark
 MAX_FULL_BYTES = "trickle.refresh.localFullBelowBytes"
 #: Spark conf: the same limit for a plain-rows table that spark-trickle's own commit may write (default 256 MiB;
-#: 0: the limit above). Its rows are the query's as they are, written by pyarrow in parallel files, whatever
+#: 0 turns this case off: such a table's FULL then follows the rules of any other). Its rows are the query's as they are, written by pyarrow in parallel files, whatever
 #: their number: Spark's writer costs a FULL of the scan benchmark at 10M rows about 1.2x the user's own CTAS,
 #: most of it a row and a field at a time (docs/BENCHMARKS.md, session 81)
 MAX_PLAIN_FULL_BYTES = "trickle.refresh.localPlainFullBelowBytes"

@@ -877,7 +877,7 @@ class Refresher:
           40-row source took 1.8 s, 0.67 s this way (warm, on the 2-core test machine), most of it now Spark's
           CREATE of the empty table;
         * a plain-rows table that spark-trickle's own commit may write, its sources at most
-          ``trickle.refresh.localPlainFullBelowBytes``: the own commit replaces it with the rows however many
+          ``trickle.refresh.localPlainFullBelowBytes`` (0: never): the own commit replaces it with the rows however many
           (:mod:`connectors.own_overwrite`, files written in parallel); a new one too, once Spark has created it
           empty (delta-rs writes it when the own commit may not). Why: the rows are the query's as they are, and
           Spark's writer costs them a row and a field at a time (docs/BENCHMARKS.md, session 81); and AUTO learns
@@ -893,6 +893,7 @@ class Refresher:
             return None
         log = DeltaLog(self.spark, d.path)
         small_ok = limits.full_collect_rows > 0
+        plain_bytes = int(self.conf.get(local_engine.MAX_PLAIN_FULL_BYTES, str(256 << 20)))
         own_ok = False
         if read_version is not None:
             meta = log.metadata(read_version)
@@ -900,14 +901,13 @@ class Refresher:
                 return None
             protocol = log.protocol(read_version)
             small_ok = small_ok and delta_rs.unusable(d.path, protocol) is None
-            own_ok = d.layout == "bag" and self._own_unusable(d, protocol, read_version) is None
+            own_ok = d.layout == "bag" and plain_bytes > 0 and self._own_unusable(d, protocol, read_version) is None
         # a new plain-rows table: whether the own commit may write it is known once Spark has created it; if not,
         # delta-rs writes it whatever its rows, as it writes a small one
-        creating_plain = read_version is None and d.layout == "bag"
+        creating_plain = read_version is None and d.layout == "bag" and plain_bytes > 0
         if not (small_ok or own_ok or creating_plain):
             return None
-        limit = max(max_bytes, int(self.conf.get(local_engine.MAX_PLAIN_FULL_BYTES, str(256 << 20)))) \
-            if own_ok or creating_plain else max_bytes
+        limit = max(max_bytes, plain_bytes) if own_ok or creating_plain else max_bytes
         try:
             rows = local_engine.collect(self.spark, ctx, sql, None, self.conf, limit)
         except local_engine.Unsupported as e:

@@ -273,6 +273,12 @@ def test_a_full_of_many_plain_rows_is_computed_by_duckdb_and_written_by_the_own_
         _check_all(spark, st, tables, "after DuckDB's FULL")
         assert st.refresh_stream_table(down).action == "DIFFERENTIAL"  # from the overwrite's change feed
         _down_matches(spark, down, down_body, query, "after the upstream's FULL by DuckDB")
+        spark.sql(f"INSERT INTO {src} VALUES (600, 3, 's0', 1.5, 7)")
+        with session_conf(spark, {local_engine.MAX_PLAIN_FULL_BYTES: "0"}):  # off: more than 10 rows go by Spark
+            st.refresh_stream_table(name)
+        last = st.history(name, 1)[0]
+        assert last["action"] == "FULL" and "DuckDB" not in (last["apply"] or ""), last
+        _check_all(spark, st, tables, "after Spark's FULL with the DuckDB case off")
         st.alter_stream_table(name, refresh_mode="DIFFERENTIAL")
         spark.sql(f"DELETE FROM {src} WHERE k = 2 OR id IN (300, 501, 502) OR x IS NULL")
         spark.sql(f"UPDATE {src} SET b = b + 1 WHERE id % 7 = 0")
